@@ -1,0 +1,244 @@
+"""What runs inside one rank.
+
+A worker is a long-lived process forked from the launcher's fork server (which imported torch once, before any
+thread pool existed). It waits for tasks from the notebook, runs each one inside a freshly initialised process
+group, and sends back its prints, its result or its error. Nothing here is public: see ``labsupport.run``.
+
+Messages are pickled tuples sent over one ``multiprocessing`` connection:
+
+    notebook -> worker   ("task", call_id, spec_dict, payload_bytes)  ("finish", call_id)  ("exit",)
+    worker -> notebook   ("hello", pid, main_thread_ident)  ("out", call_id, stream, text)
+                         ("result", call_id, bytes)  ("error", call_id, error_dict)
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import io
+import os
+import pickle
+import queue
+import signal
+import sys
+import threading
+import traceback
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+try:  # cloudpickle rebuilds functions and classes defined in a notebook
+    import cloudpickle
+except ImportError:  # pragma: no cover - cloudpickle is a dependency
+    cloudpickle = pickle
+
+# Set per task; read by labsupport.device() and labsupport.in_worker().
+CURRENT: dict = {}
+
+_send_lock = threading.Lock()
+
+
+def _send(conn, msg) -> None:
+    data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+    with _send_lock:
+        conn.send_bytes(data)
+
+
+class _RankStream(io.TextIOBase):
+    """A text stream that forwards whole lines to the notebook, so lines of different ranks never mix."""
+
+    def __init__(self, conn, name: str, original):
+        self._conn = conn
+        self._name = name
+        self._buf = ""
+        self._original = original
+        self.call_id = None
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text) -> int:
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        if self.call_id is None:  # between tasks: nobody is listening
+            return self._original.write(text) if self._original else len(text)
+        self._buf += text
+        if "\n" in self._buf:
+            complete, _, self._buf = self._buf.rpartition("\n")
+            _send(self._conn, ("out", self.call_id, self._name, complete + "\n"))
+        elif len(self._buf) > 65536:  # a very long line without a newline
+            self.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        if self._buf and self.call_id is not None:
+            text, self._buf = self._buf, ""
+            _send(self._conn, ("out", self.call_id, self._name, text))
+
+    @property
+    def encoding(self):  # some libraries look at it
+        return "utf-8"
+
+    def isatty(self) -> bool:
+        return False
+
+
+def _to_cpu(obj):
+    """Move tensors in (nested) results to the CPU, so the notebook never has to initialise CUDA to read them."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu() if obj.device.type != "cpu" else obj
+    if isinstance(obj, list):
+        return [_to_cpu(x) for x in obj]
+    if isinstance(obj, tuple) and type(obj) is tuple:
+        return tuple(_to_cpu(x) for x in obj)
+    if isinstance(obj, dict) and type(obj) is dict:
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    return obj
+
+
+def _error_dict(exc: BaseException, where: str) -> dict:
+    frames = [(f.filename, f.lineno, f.name, f.line) for f in traceback.extract_tb(exc.__traceback__)]
+    try:
+        pickled = cloudpickle.dumps(exc)
+        pickle.loads(pickled)  # only keep it if the notebook will be able to rebuild it
+    except Exception:
+        pickled = None
+    return {
+        "type": type(exc).__name__,
+        "module": type(exc).__module__,
+        "message": str(exc),
+        "frames": frames,
+        "text": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        "where": where,
+        "exception": pickled,
+    }
+
+
+def _reader(conn, inbox: "queue.Queue") -> None:
+    """Own the receiving end of the connection. The notebook going away means this worker must go too."""
+    while True:
+        try:
+            data = conn.recv_bytes()
+        except (EOFError, OSError):
+            os._exit(0)
+        msg = pickle.loads(data)
+        if msg[0] == "exit":
+            os._exit(0)
+        inbox.put(msg)
+
+
+def _setup_task(spec: dict) -> None:
+    rank, world_size = spec["rank"], spec["world_size"]
+    env = {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "GROUP_RANK": "0",
+        "NODE_RANK": "0",
+        "ROLE_RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(world_size),
+        "ROLE_WORLD_SIZE": str(world_size),
+        "MASTER_ADDR": spec["master_addr"],
+        "MASTER_PORT": str(spec["master_port"]),
+    }
+    os.environ.update(env)
+    os.environ.update(spec.get("extra_env", {}))
+    if spec.get("cwd") and os.path.isdir(spec["cwd"]):
+        os.chdir(spec["cwd"])
+    if spec.get("sys_path"):
+        sys.path[:] = list(spec["sys_path"])
+    torch.set_num_threads(spec["threads"])
+    backend = spec["backend"]
+    if backend == "nccl":
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    CURRENT.clear()
+    CURRENT.update(rank=rank, world_size=world_size, backend=backend, device=device, call_id=spec["call_id"])
+
+
+_CLIENT_STORE = {}
+
+
+def _store(addr: str, port: int, timeout: float):
+    key = (addr, port)
+    if key not in _CLIENT_STORE:
+        _CLIENT_STORE.clear()
+        _CLIENT_STORE[key] = dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=timeout))
+    return _CLIENT_STORE[key]
+
+
+def _run_task(conn, call_id: int, spec: dict, payload: bytes, streams) -> None:
+    where = "starting the worker"
+    try:
+        _setup_task(spec)
+        where = "unpickling the function"
+        fn, args, kwargs = cloudpickle.loads(payload)
+        where = "initialising the process group"
+        store = dist.PrefixStore(f"labsupport/{call_id}", _store(spec["master_addr"], spec["master_port"], 30.0))
+        dist.init_process_group(
+            spec["backend"],
+            store=store,
+            rank=spec["rank"],
+            world_size=spec["world_size"],
+            timeout=timedelta(seconds=spec["pg_timeout"]),
+        )
+        where = "running your function"
+        result = fn(*args, **kwargs)
+        for s in streams:
+            s.flush()
+        where = "sending the result back"
+        try:
+            data = pickle.dumps(_to_cpu(result), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            try:  # classes defined in the notebook need cloudpickle
+                data = cloudpickle.dumps(_to_cpu(result), protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception:
+                raise TypeError(
+                    f"the function returned a {type(result).__name__}, which cannot be sent back to the notebook "
+                    f"({exc}). Return tensors, numbers, strings, or lists/dicts of them."
+                ) from None
+        with _send_lock:
+            conn.send_bytes(pickle.dumps(("result", call_id, data), protocol=pickle.HIGHEST_PROTOCOL))
+    except BaseException as exc:  # SystemExit and KeyboardInterrupt from user code are errors too
+        for s in streams:
+            try:
+                s.flush()
+            except Exception:
+                pass
+        _send(conn, ("error", call_id, _error_dict(exc, where)))
+
+
+def _finish() -> None:
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass
+    CURRENT.clear()
+
+
+def main(conn, stack_file: str) -> None:
+    """Entry point of a worker process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the notebook decides when workers stop
+    # On request (SIGUSR1), write every thread's Python stack: works even while blocked inside gloo.
+    stack_fh = open(stack_file, "w")
+    faulthandler.register(signal.SIGUSR1, file=stack_fh, all_threads=True, chain=False)
+    out = _RankStream(conn, "stdout", sys.__stdout__)
+    err = _RankStream(conn, "stderr", sys.__stderr__)
+    sys.stdout, sys.stderr = out, err
+    inbox: "queue.Queue" = queue.Queue()
+    threading.Thread(target=_reader, args=(conn, inbox), daemon=True, name="labsupport-reader").start()
+    _send(conn, ("hello", os.getpid(), threading.get_ident()))
+    while True:
+        msg = inbox.get()
+        if msg[0] == "task":
+            _, call_id, spec, payload = msg
+            out.call_id = err.call_id = call_id
+            try:
+                _run_task(conn, call_id, spec, payload, (out, err))
+            finally:
+                out.call_id = err.call_id = None
+        elif msg[0] == "finish":
+            _finish()

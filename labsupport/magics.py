@@ -1,0 +1,115 @@
+"""``%%distributed``: run a whole notebook cell on every rank.
+
+    %load_ext labsupport
+
+    %%distributed -n 4
+    x = torch.tensor([float(rank)])
+    dist.all_reduce(x)
+    print(x)
+
+The cell sees the notebook's functions, classes, imports and variables it names, plus ``rank`` and ``world_size``.
+Names it assigns stay on the workers: return values to the notebook with ``labsupport.run`` instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import builtins
+import linecache
+import shlex
+import types
+
+try:
+    import cloudpickle
+except ImportError:  # pragma: no cover
+    import pickle as cloudpickle
+
+_counter = [0]
+
+
+class _ArgumentError(ValueError):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise _ArgumentError(f"%%distributed: {message}. Usage: %%distributed -n N [--backend B] [--timeout S]")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="%%distributed", add_help=False)
+    p.add_argument("-n", "--world-size", "--nproc", dest="n", type=int, default=4)
+    p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
+    p.add_argument("--timeout", type=float, default=60.0)
+    return p
+
+
+def _names(code: types.CodeType) -> set:
+    names = set(code.co_names) | set(code.co_varnames)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names(const)
+    return names
+
+
+def _snapshot(code: types.CodeType, user_ns: dict) -> tuple[dict, dict]:
+    """Pickle the notebook names the cell uses. Returns ({name: bytes}, {name: why it could not be sent})."""
+    sent, skipped = {}, {}
+    for name in sorted(_names(code)):
+        if name in ("rank", "world_size") or name not in user_ns or hasattr(builtins, name):
+            continue
+        try:
+            sent[name] = cloudpickle.dumps(user_ns[name])
+        except Exception as exc:
+            skipped[name] = f"{type(exc).__name__}: {exc}"
+    return sent, skipped
+
+
+def run_cell(source: str, filename: str, names: dict, skipped: dict):
+    """What every rank runs for a ``%%distributed`` cell."""
+    import torch.distributed as dist
+
+    ns = {"__name__": "__main__", "__builtins__": builtins}
+    for name, data in names.items():
+        try:
+            ns[name] = cloudpickle.loads(data)
+        except Exception as exc:
+            skipped[name] = f"{type(exc).__name__}: {exc}"
+    ns["rank"] = dist.get_rank()
+    ns["world_size"] = dist.get_world_size()
+    try:
+        exec(compile(source, filename, "exec"), ns)
+    except NameError as exc:
+        missing = getattr(exc, "name", None)
+        if missing in skipped:
+            raise NameError(
+                f"{exc}: the notebook has {missing!r}, but it could not be sent to the workers ({skipped[missing]})"
+            ) from None
+        raise
+    return None
+
+
+def distributed(line: str, cell: str, user_ns: dict | None = None) -> None:
+    from .launch import run
+
+    args = _parser().parse_args(shlex.split(line))
+    _counter[0] += 1
+    filename = f"<distributed cell {_counter[0]}>"
+    # register the source so that tracebacks and deadlock reports can show the cell's lines
+    linecache.cache[filename] = (len(cell), None, cell.splitlines(True), filename)
+    code = compile(cell, filename, "exec")
+    names, skipped = _snapshot(code, user_ns or {})
+    run(run_cell, cell, filename, names, skipped, world_size=args.n, backend=args.backend, timeout=args.timeout)
+
+
+def register(ipython) -> None:
+    def magic(line, cell):
+        try:
+            return distributed(line, cell, ipython.user_ns)
+        except _ArgumentError as exc:
+            from IPython.core.error import UsageError
+
+            raise UsageError(str(exc)) from None
+
+    magic.__doc__ = __doc__
+    ipython.register_magic_function(magic, magic_kind="cell", magic_name="distributed")
