@@ -1,0 +1,96 @@
+"""What every check needs: running the student's object on workers, drawing inputs, and messages a student can act on.
+
+A check is a function called from a hidden-test cell, e.g. ``check_broadcast(broadcast)``. It runs a *probe* on
+real workers (``run_on_workers``): the probe calls the student's function with inputs drawn at grading time,
+compares with an oracle, and raises ``AssertionError`` with a precise message. Whatever happens on the workers
+(a wrong answer, an exception, a deadlock, a crash) arrives in the notebook as one ``AssertionError``, so
+nbgrader takes the points away and grading goes on.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import labsupport
+
+#: Seconds a single probe may run before it counts as a deadlock. Keep well under the grader's cell time-out.
+PROBE_TIMEOUT = float(os.environ.get("AUTOGRADER_PROBE_TIMEOUT", "20"))
+
+
+def draw_seed() -> int:
+    """A seed drawn at grading time (so inputs differ from one grading to the next), printed in messages."""
+    return random.SystemRandom().randrange(1, 2**31)
+
+
+def run_on_workers(probe, *args, world_size: int, what: str, timeout: float | None = None, **kwargs):
+    """Run ``probe`` on ``world_size`` ranks; turn every failure into an ``AssertionError`` naming ``what``."""
+    timeout = PROBE_TIMEOUT if timeout is None else timeout
+    try:
+        return labsupport.run(probe, *args, world_size=world_size, timeout=timeout, **kwargs)
+    except labsupport.WorkerTimeout as exc:
+        where = "; ".join(
+            line.strip() for line in str(exc).splitlines() if line.strip().startswith("rank ")
+        )
+        raise AssertionError(
+            f"{what} did not finish within {timeout:g} s with world_size={world_size}: it deadlocked "
+            f"(a rank waited for a message that never came). {where}. Check that every send has a matching "
+            "recv on the other rank, and that blocking sends cannot wait on each other in a cycle."
+        ) from None
+    except labsupport.WorkerError as exc:
+        if exc.exc_type == "AssertionError":
+            raise AssertionError(f"{exc.exc_message} (world_size={world_size}, seen on rank {exc.rank})") from None
+        if exc.exc_type == "NotImplementedError":
+            raise AssertionError(f"{what} is not implemented yet (it raised NotImplementedError).") from None
+        if exc.exc_type is None:
+            raise AssertionError(
+                f"{what} crashed a worker with world_size={world_size}: rank {exc.rank} {exc.exc_message}."
+            ) from None
+        tb = exc.worker_traceback.strip()
+        raise AssertionError(
+            f"{what} raised {exc.exc_type} on rank {exc.rank} with world_size={world_size}: {exc.exc_message}"
+            + (f"\n{tb}" if tb else "")
+        ) from None
+
+
+def short(t, limit: int = 8) -> str:
+    """A compact description of a tensor (or anything) for a message."""
+    import torch
+
+    if isinstance(t, torch.Tensor):
+        flat = t.detach().flatten().tolist()
+        body = ", ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in flat[:limit])
+        more = f", ... ({t.numel()} values)" if t.numel() > limit else ""
+        return f"tensor([{body}{more}], shape={tuple(t.shape)}, dtype={str(t.dtype).replace('torch.', '')})"
+    text = repr(t)
+    return text if len(text) < 200 else text[:200] + "..."
+
+
+def expect_tensor(got, expected, what: str, hint: str = "", rtol: float = 1e-5, atol: float = 1e-6) -> None:
+    """Assert ``got`` is a tensor equal to ``expected`` (same shape and dtype, close values), layered messages."""
+    import torch
+
+    if not isinstance(got, torch.Tensor):
+        raise AssertionError(f"{what}: expected a tensor, got {type(got).__name__} {short(got)}. {hint}".strip())
+    if tuple(got.shape) != tuple(expected.shape):
+        raise AssertionError(
+            f"{what}: expected shape {tuple(expected.shape)}, got {tuple(got.shape)}. {hint}".strip()
+        )
+    if got.dtype != expected.dtype:
+        raise AssertionError(f"{what}: expected dtype {expected.dtype}, got {got.dtype}. {hint}".strip())
+    if expected.dtype.is_floating_point:
+        ok = torch.allclose(got, expected, rtol=rtol, atol=atol)
+    else:
+        ok = torch.equal(got, expected)
+    if not ok:
+        raise AssertionError(f"{what}: got {short(got)}, expected {short(expected)}. {hint}".strip())
+
+
+def only_point_to_point(summary, what: str) -> None:
+    """Assert a ``CommSummary`` shows send/recv only (no built-in collective)."""
+    used = sorted({c.kind for c in summary.calls} - {"send", "recv"})
+    if used:
+        raise AssertionError(
+            f"{what} called torch.distributed.{used[0]} on rank {summary.rank}: build it from send/recv "
+            "(or isend/irecv) only; the built-in collectives are what you are re-implementing."
+        )
