@@ -223,7 +223,7 @@ def main(conn, stack_file: str) -> None:
     """Entry point of a worker process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the notebook decides when workers stop
     # On request (SIGUSR1), write every thread's Python stack: works even while blocked inside gloo.
-    stack_fh = open(stack_file, "w")
+    stack_fh = open(stack_file, "a")  # append: the notebook truncates it before each dump
     faulthandler.register(signal.SIGUSR1, file=stack_fh, all_threads=True, chain=False)
     out = _RankStream(conn, "stdout", sys.__stdout__)
     err = _RankStream(conn, "stderr", sys.__stderr__)

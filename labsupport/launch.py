@@ -290,9 +290,22 @@ class _Pool:
             w.process.join(timeout=2)
         self.kill(list(self.workers.values()))
         self.store = None
+        _stop_forkserver()
         if self.tmpdir:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             self.tmpdir = None
+
+
+def _stop_forkserver() -> None:
+    """Stop multiprocessing's fork server (it holds a copy of torch in memory); it restarts when needed."""
+    try:
+        from multiprocessing import forkserver
+
+        server = forkserver._forkserver
+        if getattr(server, "_forkserver_pid", None) is not None and hasattr(server, "_stop"):
+            server._stop()
+    except Exception:
+        pass
 
 
 _POOL = _Pool()
