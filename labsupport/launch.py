@@ -297,13 +297,19 @@ class _Pool:
 
 
 def _stop_forkserver() -> None:
-    """Stop multiprocessing's fork server (it holds a copy of torch in memory); it restarts when needed."""
+    """Stop multiprocessing's fork server (it holds a copy of torch in memory) and its resource tracker.
+
+    Both restart by themselves when needed.
+    """
     try:
-        from multiprocessing import forkserver
+        from multiprocessing import forkserver, resource_tracker
 
         server = forkserver._forkserver
         if getattr(server, "_forkserver_pid", None) is not None and hasattr(server, "_stop"):
             server._stop()
+        tracker = resource_tracker._resource_tracker
+        if getattr(tracker, "_pid", None) is not None and hasattr(tracker, "_stop"):
+            tracker._stop()
     except Exception:
         pass
 
@@ -430,6 +436,15 @@ def _death_message(code) -> str:
         }.get(name, "killed by a signal")
         return f"died from {name} ({hint})"
     return f"exited with code {code} without raising an exception (os._exit or a C extension calling exit)"
+
+
+_CONNECTION_ERRORS = ("Connection closed by peer", "Read error", "Connection reset", "Broken pipe", "Socket closed")
+
+
+def _is_consequence(failure: dict) -> bool:
+    """A gloo connection error: what a rank sees when a peer died or was stopped, not a cause."""
+    msg = failure.get("message") or ""
+    return failure.get("type") == "RuntimeError" and any(e in msg for e in _CONNECTION_ERRORS)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -702,12 +717,16 @@ class _Call:
             self._raise_failures()
 
     def _raise_failures(self):
-        failures = [self.failures[r] for r in sorted(self.failures)]
+        # A rank that dies makes its peers' gloo calls fail with connection errors: those are consequences.
+        failures = sorted(self.failures.values(), key=lambda f: (_is_consequence(f), f["rank"]))
         first = failures[0]
         heads = []
         for f in failures:
             if f["type"] is None:
                 heads.append(f"rank {f['rank']} {f['message']}")
+            elif _is_consequence(f) and not _is_consequence(first):
+                heads.append(f"rank {f['rank']} then lost its connection to the failed rank")
+                f["traceback"] = ""
             else:
                 where = f" while {f['where']}" if f.get("where") not in (None, "running your function") else ""
                 heads.append(f"rank {f['rank']} raised {f['type']}: {f['message']}{where}")
