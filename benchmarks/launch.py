@@ -1,0 +1,106 @@
+"""How fast a 4-rank cell starts: labsupport.run vs torch.multiprocessing.spawn.
+
+    python benchmarks/launch.py [--world-size 4] [--repeats 5]
+
+Each measurement is a whole cell: start (or reuse) the ranks, initialise the process group, all_reduce a tensor
+of ones, return the rank. "first call" is measured in a fresh Python process (it includes starting the fork
+server and importing torch there); "repeated" is the median of later calls in one process. Prints the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+
+FIRST_CALL = textwrap.dedent(
+    """
+    import time, torch, torch.distributed as dist
+    t0 = time.perf_counter()
+    import labsupport
+    def cell():
+        x = torch.ones(1)
+        dist.all_reduce(x)
+        return dist.get_rank()
+    assert labsupport.run(cell, world_size={n}) == list(range({n}))
+    print(time.perf_counter() - t0)
+    """
+)
+
+SPAWN = textwrap.dedent(
+    """
+    import os, sys, time, socket, torch, torch.distributed as dist, torch.multiprocessing as mp
+
+    def worker(rank, n, port):
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{{port}}", rank=rank, world_size=n)
+        x = torch.ones(1)
+        dist.all_reduce(x)
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        times = []
+        for _ in range({repeats}):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            t0 = time.perf_counter()
+            mp.spawn(worker, args=({n}, port), nprocs={n}, join=True)
+            times.append(time.perf_counter() - t0)
+        print(*times)
+    """
+)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--world-size", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    n, repeats = args.world_size, args.repeats
+
+    firsts = []
+    for _ in range(max(1, repeats // 2)):
+        out = subprocess.run([sys.executable, "-c", FIRST_CALL.format(n=n)], capture_output=True, text=True, check=True)
+        firsts.append(float(out.stdout.split()[-1]))
+    first = statistics.median(firsts)
+
+    import torch
+    import torch.distributed as dist
+
+    import labsupport
+
+    def cell():
+        x = torch.ones(1)
+        dist.all_reduce(x)
+        return dist.get_rank()
+
+    labsupport.run(cell, world_size=n)
+    repeated_times = []
+    for _ in range(repeats * 4):
+        t0 = time.perf_counter()
+        labsupport.run(cell, world_size=n)
+        repeated_times.append(time.perf_counter() - t0)
+    repeated = statistics.median(repeated_times)
+    labsupport.shutdown()
+
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "_spawn_bench.py"), "w") as fh:
+        fh.write(SPAWN.format(n=n, repeats=repeats))
+    try:
+        out = subprocess.run([sys.executable, fh.name], capture_output=True, text=True, check=True)
+    finally:
+        os.remove(fh.name)
+    spawn = statistics.median(float(t) for t in out.stdout.split())
+
+    print(f"{n}-rank cell: init -> all_reduce(ones) -> return rank   (median times)")
+    print(f"  torch.multiprocessing.spawn          {spawn * 1000:9.1f} ms")
+    print(f"  labsupport.run, first call           {first * 1000:9.1f} ms   {spawn / first:6.1f}x faster than spawn")
+    print(f"  labsupport.run, repeated calls       {repeated * 1000:9.1f} ms   {spawn / repeated:6.1f}x faster than spawn")
+    print("targets: first call >= 3x, repeated calls >= 20x")
+
+
+if __name__ == "__main__":
+    main()
