@@ -451,7 +451,23 @@ def _is_consequence(failure: dict) -> bool:
 # run
 
 
+def _adopt_slurm_environment() -> None:
+    """Under ``srun``, derive torchrun's variables from SLURM's (MASTER_ADDR/MASTER_PORT must be exported)."""
+    env = os.environ
+    if "RANK" in env or "SLURM_PROCID" not in env or int(env.get("SLURM_NTASKS", "1")) < 2:
+        return
+    if "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
+        return
+    env["RANK"] = env["SLURM_PROCID"]
+    env["WORLD_SIZE"] = env["SLURM_NTASKS"]
+    env["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")
+    env["NODE_RANK"] = env.get("SLURM_NODEID", "0")
+    if "SLURM_NTASKS_PER_NODE" in env:
+        env["LOCAL_WORLD_SIZE"] = env["SLURM_NTASKS_PER_NODE"].split("(")[0]
+
+
 def _launched_by_torchrun() -> bool:
+    _adopt_slurm_environment()
     env = os.environ
     return "TORCHELASTIC_RUN_ID" in env or all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 

@@ -217,3 +217,34 @@ def test_kernel_interrupt_during_a_run(tmp_path):
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_same_script_runs_under_srun_environment(tmp_path):
+    """What srun sets (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID) is turned into RANK & co."""
+    import socket
+
+    script = _script(
+        tmp_path,
+        """
+        import os, torch, torch.distributed as dist, labsupport
+        def work():
+            x = torch.ones(1)
+            dist.all_reduce(x)
+            return (dist.get_rank(), os.environ["LOCAL_RANK"], os.environ["NODE_RANK"], x.item())
+        print("RESULT", labsupport.run(work, world_size=2), flush=True)
+        """,
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, SLURM_PROCID=str(rank), SLURM_NTASKS="2", SLURM_LOCALID="0", SLURM_NODEID=str(rank),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID"):
+            env.pop(key, None)
+        procs.append(subprocess.Popen([sys.executable, script], env=env, stdout=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    assert "RESULT [(0, '0', '0', 2.0)]" in outs[0]
+    assert "RESULT [(1, '0', '1', 2.0)]" in outs[1]
