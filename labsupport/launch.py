@@ -57,6 +57,14 @@ class WorkerError(RuntimeError):
         worker_traceback: its traceback as text, with source lines from the notebook.
         exitcode: the exit code of a rank that died (negative: killed by that signal), else ``None``.
         failures: a dict per failed rank with the same fields.
+
+    Example::
+
+        try:
+            labsupport.run(work, world_size=4)
+        except labsupport.WorkerError as err:
+            print(err.rank, err.exc_type, err.exc_message)
+            print(err.worker_traceback)     # points at the line of your cell that raised
     """
 
     def __init__(self, message: str, failures: list[dict]):
@@ -78,6 +86,14 @@ class WorkerTimeout(TimeoutError):
         ranks: the ranks that were still running.
         stacks: ``{rank: stack text}``, where each of them was blocked.
         timeout: the time limit in seconds.
+
+    Example::
+
+        try:
+            labsupport.run(work, world_size=2, timeout=5)
+        except labsupport.WorkerTimeout as err:
+            print(err.ranks)                # the ranks that never finished
+            print(err.stacks[0])            # where rank 0 was waiting
     """
 
     def __init__(self, message: str, ranks: list[int], stacks: dict[int, str], timeout: float):
@@ -321,6 +337,11 @@ def shutdown() -> None:
     """Stop the idle worker processes that ``labsupport.run`` keeps between calls.
 
     Safe to call at any time; the next ``run`` starts new workers. Called automatically when Python exits.
+
+    Example::
+
+        labsupport.run(work, world_size=8)
+        labsupport.shutdown()               # give the memory of the 8 idle workers back
     """
     with _POOL.lock:
         _POOL.shutdown()

@@ -319,3 +319,8 @@ def test_shutdown_leaves_no_process_port_or_file():
     with socket.socket() as s:  # the rendezvous port is free again
         s.bind(("127.0.0.1", port))
     assert labsupport.run(rank_info, world_size=2)[1]["rank"] == 1  # and everything starts again
+
+
+def test_choosing_the_backend_never_initialises_cuda_in_the_notebook():
+    labsupport.run(rank_info, world_size=2, backend="auto")
+    assert not torch.cuda.is_initialized()
