@@ -1,0 +1,206 @@
+"""The course on disk, and nbgrader course directories built from it.
+
+A course root holds ``solutions/ID/ID.ipynb`` (nbgrader source notebooks) and ``notebooks/ID/ID.ipynb`` (the
+student release generated from them). Grading never runs nbgrader on the repository itself: it copies the needed
+assignments into a temporary nbgrader course directory (``build_course_dir``), generates the release and the
+gradebook there, and works on copies of that.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import nbgrader_config
+
+SOURCE = nbgrader_config.SOURCE_DIRECTORY
+RELEASE = nbgrader_config.RELEASE_DIRECTORY
+_IGNORED = shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__", "*.pyc", ".DS_Store")
+
+
+class CourseError(Exception):
+    """Bad input the user can fix (a missing directory, an unknown assignment). The CLI prints it and exits 2."""
+
+
+def repository_root() -> Path:
+    """The repository this package lives in (the default course root)."""
+    return Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Course:
+    root: Path
+
+    @classmethod
+    def at(cls, root: str | os.PathLike | None) -> "Course":
+        path = Path(root).resolve() if root is not None else repository_root()
+        if not path.is_dir():
+            raise CourseError(f"course directory {path} does not exist")
+        return cls(path)
+
+    @property
+    def solutions(self) -> Path:
+        return self.root / SOURCE
+
+    @property
+    def notebooks(self) -> Path:
+        return self.root / RELEASE
+
+    def assignments(self) -> list[str]:
+        """Assignment ids: folders ``solutions/ID`` that hold ``ID.ipynb``."""
+        if not self.solutions.is_dir():
+            return []
+        return sorted(
+            d.name for d in self.solutions.iterdir()
+            if d.is_dir() and not d.name.startswith((".", "_")) and (d / f"{d.name}.ipynb").is_file()
+        )
+
+    def select(self, assignment: str | None) -> list[str]:
+        """The assignments a command works on: ``[assignment]`` after checking it exists, or all of them."""
+        known = self.assignments()
+        if not known:
+            raise CourseError(f"no assignments in {self.solutions} (expected {SOURCE}/ID/ID.ipynb)")
+        if assignment is None:
+            return known
+        if assignment not in known:
+            raise CourseError(f"unknown assignment '{assignment}': the course has {', '.join(known)}")
+        return [assignment]
+
+    def source_notebook(self, assignment: str) -> Path:
+        return self.solutions / assignment / f"{assignment}.ipynb"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# nbgrader
+
+
+def _alembic_head() -> str:
+    """The gradebook schema revision, computed in-process.
+
+    nbgrader asks for it through an ``alembic`` subprocess every time it creates a gradebook, which costs several
+    seconds here (the subprocess imports nbgrader again). The answer is a constant of the installed nbgrader; this
+    reads it from the same migration scripts without the subprocess.
+    """
+    import nbgrader
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    cfg = Config()
+    cfg.set_main_option("script_location", os.path.join(os.path.dirname(nbgrader.__file__), "alembic"))
+    return ScriptDirectory.from_config(cfg).get_current_head()
+
+
+def nbgrader_api(root: str | os.PathLike, *, cell_timeout: float = nbgrader_config.CELL_TIMEOUT, **config):
+    """An ``NbGraderAPI`` for the nbgrader course directory at ``root`` configured by ``nbgrader_config``."""
+    import nbgrader.api
+    from nbgrader.apps import NbGraderAPI
+    from nbgrader.coursedir import CourseDirectory
+
+    if getattr(nbgrader.api.get_alembic_version, "__module__", "") != __name__:
+        original = nbgrader.api.get_alembic_version
+
+        def get_alembic_version() -> str:
+            try:
+                return _alembic_head()
+            except Exception:  # an unexpected alembic layout: fall back to nbgrader's own way
+                return original()
+
+        get_alembic_version.__module__ = __name__
+        nbgrader.api.get_alembic_version = get_alembic_version
+
+    cfg = nbgrader_config.make_config(str(root), cell_timeout=cell_timeout)
+    for dotted, value in config.items():  # e.g. Autograde__autograde_preprocessors=[...]
+        section, name = dotted.split("__")
+        setattr(getattr(cfg, section), name, value)
+    coursedir = CourseDirectory(config=cfg)
+    return NbGraderAPI(coursedir=coursedir, config=cfg)
+
+
+def _last_error_line(result: dict) -> str:
+    text = (result.get("error") or "") + "\n" + (result.get("log") or "")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "Error" in ln or "Exception" in ln]
+    return (errors or lines or ["unknown error"])[-1]
+
+
+def build_course_dir(course: Course, assignments: list[str], dest: Path) -> Path:
+    """An nbgrader course directory at ``dest`` with the release and gradebook of ``assignments``.
+
+    The release notebooks there are normalised exactly as ``release`` writes them (see ``normalise_release``).
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    for aid in assignments:
+        shutil.copytree(course.solutions / aid, dest / SOURCE / aid, ignore=_IGNORED)
+    api = nbgrader_api(dest)
+    for aid in assignments:
+        result = api.generate_assignment(aid, force=True, create=True)
+        if not result.get("success"):
+            raise CourseError(f"nbgrader could not generate the release of {aid}: {_last_error_line(result)}")
+        released = dest / RELEASE / aid / f"{aid}.ipynb"
+        released.write_bytes(normalise_release(released, dest / SOURCE / aid / f"{aid}.ipynb"))
+    return dest
+
+
+def normalise_release(released: Path, source: Path) -> bytes:
+    """The bytes of a release notebook as committed: no outputs, no execution counts, stable cell ids, stable JSON.
+
+    nbgrader already clears outputs; this makes sure of it and fixes the serialisation so that the same source
+    always gives the same file.
+    """
+    nb = json.loads(released.read_text(encoding="utf-8"))
+    src_cells = json.loads(source.read_text(encoding="utf-8")).get("cells", [])
+    uses_ids = (nb.get("nbformat", 4), nb.get("nbformat_minor", 0)) >= (4, 5)
+    for i, cell in enumerate(nb.get("cells", [])):
+        if cell.get("cell_type") == "code":
+            cell["outputs"] = []
+            cell["execution_count"] = None
+        cell.get("metadata", {}).pop("execution", None)
+        if uses_ids:
+            src_id = src_cells[i].get("id") if i < len(src_cells) else None
+            cell["id"] = src_id or hashlib.sha1(f"{source.stem}:{i}".encode()).hexdigest()[:12]
+        else:
+            cell.pop("id", None)
+    return dumps_notebook(nb)
+
+
+def dumps_notebook(nb: dict) -> bytes:
+    """Jupyter's own on-disk layout (one-space indent, sorted keys, multi-line strings as lists)."""
+
+    def split(text):
+        return text.splitlines(keepends=True) if isinstance(text, str) else text
+
+    for cell in nb.get("cells", []):
+        cell["source"] = split(cell.get("source", ""))
+        for out in cell.get("outputs", []):
+            if "text" in out:
+                out["text"] = split(out["text"])
+    return (json.dumps(nb, sort_keys=True, indent=1, ensure_ascii=False, separators=(",", ": ")) + "\n").encode()
+
+
+def release(course: Course, assignments: list[str], out: Path | None = None, progress=None) -> list[Path]:
+    """Regenerate ``notebooks/ID`` (or ``out/ID``) from ``solutions/ID`` for each assignment; returns the notebooks.
+
+    Each target folder is replaced by nbgrader's release folder (the notebook plus any other files of the source
+    folder), so a file removed from ``solutions/ID`` also disappears from the release.
+    """
+    target_root = Path(out) if out is not None else course.notebooks
+    written = []
+    with tempfile.TemporaryDirectory(prefix="autograder-release-") as tmp:
+        for i, aid in enumerate(assignments):
+            built = build_course_dir(course, [aid], Path(tmp) / aid)
+            target = target_root / aid
+            if target.exists():
+                shutil.rmtree(target)
+            shutil.copytree(built / RELEASE / aid, target, ignore=_IGNORED)
+            for path in target.rglob("*"):
+                if path.is_file():
+                    os.chmod(path, 0o644)
+            written.append(target / f"{aid}.ipynb")
+            if progress is not None:
+                progress.update(i + 1, aid)
+    return written
