@@ -1,0 +1,225 @@
+"""Feedback pages that show a student their graded notebook without leaking hidden tests.
+
+nbgrader's own feedback shows hidden tests, in the test cells and in traceback context lines (nbgrader issues #917
+and #1363). Ours is built from a cleaned copy of the autograded notebook:
+
+* read-only cells show the source the student received (the release), answer cells the student's own code with
+  the solution markers removed, and any hidden-test region left anywhere is cut out;
+* a graded test cell's output is replaced by one line, "passed" or "failed: <ExceptionType>: <message>", never a
+  traceback;
+* other outputs are kept but bounded, and any output line that quotes a hidden-test line is dropped;
+* the score per test and the total are at the top.
+"""
+
+from __future__ import annotations
+
+import copy
+import html
+import re
+from dataclasses import dataclass, field
+
+from .execute import nbgrader_meta
+
+BEGIN_HIDDEN, END_HIDDEN = "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"
+BEGIN_SOLUTION, END_SOLUTION = "BEGIN SOLUTION", "END SOLUTION"
+MAX_TEXT_LINES = 200
+MAX_TEXT_CHARS = 20_000
+MAX_TRACEBACK_LINES = 40
+MAX_MESSAGE_CHARS = 400
+MIN_HIDDEN_LINE = 8   # shorter hidden lines ("pass", "try:") say nothing and occur in anyone's code
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+@dataclass
+class TestOutcome:
+    grade_id: str
+    points: float
+    max_points: float
+    message: str | None = None    # None: passed
+
+
+@dataclass
+class Summary:
+    student: str
+    assignment: str
+    points: float
+    max_points: float
+    status: str
+    reason: str
+    tests: list[TestOutcome] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def source_text(cell) -> str:
+    src = cell.get("source", "")
+    return "".join(src) if isinstance(src, list) else src
+
+
+def strip_hidden(source: str) -> str:
+    """``source`` without hidden-test regions (markers included) and without solution marker lines."""
+    out, hidden = [], False
+    for line in source.split("\n"):
+        if BEGIN_HIDDEN in line:
+            hidden = True
+        elif END_HIDDEN in line:
+            hidden = False
+        elif not hidden and BEGIN_SOLUTION not in line and END_SOLUTION not in line:
+            out.append(line)
+    return "\n".join(out)
+
+
+def hidden_lines(source_nb, release_nb=None) -> set[str]:
+    """Distinctive lines of the hidden-test regions of ``source_nb`` (those not also visible in the release)."""
+    visible = set()
+    if release_nb is not None:
+        for cell in release_nb.cells:
+            visible.update(ln.strip() for ln in source_text(cell).splitlines())
+    lines, hidden = set(), False
+    for cell in source_nb.cells:
+        for line in source_text(cell).splitlines():
+            if BEGIN_HIDDEN in line:
+                hidden = True
+            elif END_HIDDEN in line:
+                hidden = False
+            elif hidden and len(line.strip()) >= MIN_HIDDEN_LINE and line.strip() not in visible:
+                lines.add(line.strip())
+    return lines
+
+
+def scrub(text: str, secret: set[str]) -> str:
+    """``text`` without the lines that quote a secret line."""
+    if not secret:
+        return text
+    return "\n".join(ln for ln in text.split("\n") if not any(s in _ANSI.sub("", ln) for s in secret))
+
+
+def clean_value(evalue: str, secret: set[str]) -> str:
+    """An exception message fit to show: no colour codes, bounded, withheld if it quotes a hidden-test line."""
+    evalue = _ANSI.sub("", evalue or "").strip()
+    if any(s in evalue for s in secret):
+        evalue = "(details withheld)"
+    if len(evalue) > MAX_MESSAGE_CHARS:
+        evalue = evalue[:MAX_MESSAGE_CHARS - 3] + "..."
+    return evalue
+
+
+def short_message(ename: str, evalue: str, secret: set[str]) -> str:
+    evalue = clean_value(evalue, secret)
+    return f"{ename}: {evalue}" if evalue else ename
+
+
+def _bounded(text: str) -> str:
+    lines = text.split("\n")
+    if len(lines) > MAX_TEXT_LINES:
+        lines = lines[:MAX_TEXT_LINES] + [f"... ({len(lines) - MAX_TEXT_LINES} more lines not shown)"]
+    text = "\n".join(lines)
+    if len(text) > MAX_TEXT_CHARS:
+        text = text[:MAX_TEXT_CHARS] + "\n... (output cut)"
+    return text
+
+
+def _clean_outputs(outputs, secret):
+    cleaned = []
+    for out in outputs:
+        kind = out.get("output_type")
+        if kind == "stream":
+            out["text"] = _bounded(scrub(source_text({"source": out.get("text", "")}), secret))
+        elif kind == "error":
+            tb = [scrub(line, secret) for line in out.get("traceback", [])]
+            tb = [line for line in tb if line.strip()]
+            if len(tb) > MAX_TRACEBACK_LINES:
+                tb = ["... (traceback shortened)"] + tb[-MAX_TRACEBACK_LINES:]
+            out["traceback"] = tb
+            out["evalue"] = clean_value(out.get("evalue", ""), secret)
+        elif kind in ("display_data", "execute_result"):
+            data = out.get("data", {})
+            for mime in list(data):
+                value = data[mime]
+                text = value if isinstance(value, str) else "".join(value) if isinstance(value, list) else ""
+                if mime.startswith("text/") or mime in ("application/javascript", "application/json"):
+                    if mime in ("text/html", "application/javascript", "application/json"):
+                        del data[mime]   # not reproducible offline and can hide anything; the text form stays
+                        continue
+                    data[mime] = _bounded(scrub(text, secret))
+                elif len(text) > 2_000_000:
+                    del data[mime]
+            if not data:
+                continue
+        cleaned.append(out)
+    return cleaned
+
+
+def clean_notebook(graded_nb, release_nb, outcomes: dict[str, TestOutcome], secret: set[str]):
+    """The notebook a student may see: see the module docstring."""
+    nb = copy.deepcopy(graded_nb)
+    release_by_id = {nbgrader_meta(c).get("grade_id"): c for c in release_nb.cells if nbgrader_meta(c)}
+    for cell in nb.cells:
+        meta = nbgrader_meta(cell)
+        gid = meta.get("grade_id")
+        rel = release_by_id.get(gid)
+        if rel is not None and not meta.get("solution"):
+            cell.source = source_text(rel)
+        cell.source = strip_hidden(source_text(cell))
+        if cell.cell_type != "code":
+            continue
+        if gid in outcomes and meta.get("grade"):
+            o = outcomes[gid]
+            if o.message is None:
+                line = f"passed: {o.points:g} / {o.max_points:g} points\n"
+            else:
+                line = f"failed ({o.points:g} / {o.max_points:g} points): {o.message}\n"
+            cell.outputs = [{"output_type": "stream", "name": "stdout", "text": line}]
+        else:
+            cell.outputs = _clean_outputs(cell.get("outputs", []), secret)
+        cell.metadata.pop("nbgrader", None)
+    return nb
+
+
+_CSS = """
+body { font-family: system-ui, -apple-system, Segoe UI, Helvetica, Arial, sans-serif; max-width: 980px;
+       margin: 2em auto; padding: 0 1em; color: #222; line-height: 1.45; }
+header { border-bottom: 2px solid #ddd; margin-bottom: 1.5em; }
+table.scores { border-collapse: collapse; margin: 1em 0; }
+table.scores td, table.scores th { border: 1px solid #ccc; padding: .25em .7em; text-align: left; }
+.ok { color: #1a7f37; } .bad { color: #b42318; }
+.status-failed { background: #fdecea; border: 1px solid #f5c2c0; padding: .6em 1em; }
+.jp-Cell { margin: .8em 0; } .jp-InputPrompt, .jp-OutputPrompt { display: none; }
+.jp-InputArea-editor, .highlight { background: #f6f8fa; border: 1px solid #e1e4e8; border-radius: 4px; }
+pre { margin: 0; padding: .5em .7em; overflow-x: auto; white-space: pre-wrap; }
+.jp-OutputArea-output pre { background: #fff; border-left: 3px solid #ddd; }
+.jp-RenderedText[data-mime-type="application/vnd.jupyter.stderr"] pre { background: #fff5f5; }
+"""
+
+
+def render(summary: Summary, nb=None) -> str:
+    """The feedback page: a header with the scores and notes, then the cleaned notebook (if any)."""
+    esc = html.escape
+    rows = []
+    for t in summary.tests:
+        result = '<span class="ok">passed</span>' if t.message is None else \
+            f'<span class="bad">failed</span>: {esc(t.message)}'
+        rows.append(f"<tr><td><code>{esc(t.grade_id)}</code></td><td>{t.points:g} / {t.max_points:g}</td>"
+                    f"<td>{result}</td></tr>")
+    table = ("<table class=\"scores\"><tr><th>test</th><th>points</th><th>result</th></tr>"
+             + "".join(rows) + "</table>") if rows else ""
+    status = ""
+    if summary.status != "ok":
+        status = f'<p class="status-failed"><strong>Not graded automatically.</strong> {esc(summary.reason)}</p>'
+    notes = "".join(f"<li>{esc(n)}</li>" for n in summary.notes)
+    notes = f"<p>Notes from the grader:</p><ul>{notes}</ul>" if notes else ""
+    body = ""
+    if nb is not None:
+        from nbconvert import HTMLExporter
+        from pygments.formatters import HtmlFormatter
+
+        exporter = HTMLExporter(template_name="basic", sanitize_html=True)
+        body, _ = exporter.from_notebook_node(nb)
+        body = f"<style>{HtmlFormatter().get_style_defs('.highlight')}</style>\n{body}"
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<title>Feedback: {esc(summary.assignment)} ({esc(summary.student)})</title><style>{_CSS}</style></head>"
+        f"<body><header><h1>Feedback: {esc(summary.assignment)}</h1>"
+        f"<p>Student: <strong>{esc(summary.student)}</strong> &middot; "
+        f"Score: <strong>{summary.points:g} / {summary.max_points:g}</strong></p>"
+        f"{status}{table}{notes}</header>\n<main>{body}</main></body></html>\n"
+    )
