@@ -1,0 +1,100 @@
+"""Command line: ``python -m autograder {release,grade,check} ...`` (``--help`` on each)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .nbgrader_config import CELL_TIMEOUT
+
+
+def _add_course(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--course", metavar="DIR", default=None,
+                        help="course root holding solutions/ and notebooks/ (default: this repository)")
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m autograder",
+        description="Release, grade and check the course's nbgrader notebooks.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("release", help="regenerate notebooks/ from solutions/",
+                       description="Regenerate the student notebooks (notebooks/ID/) from the nbgrader sources "
+                                   "(solutions/ID/) with nbgrader generate_assignment. The output has no "
+                                   "outputs or execution counts and is byte-for-byte reproducible.")
+    p.add_argument("--assignment", metavar="ID", help="only this assignment (default: all)")
+    p.add_argument("--out", metavar="DIR", help="write the release here instead of notebooks/")
+    _add_course(p)
+
+    p = sub.add_parser("grade", help="grade a folder of submissions",
+                       description="Grade SUBMISSIONS_DIR/STUDENT/ASSIGNMENT/ASSIGNMENT.ipynb with nbgrader. "
+                                   "Writes DIR/grades.csv (student, assignment, points, max_points, status, "
+                                   "reason, tampered_cells), DIR/feedback/STUDENT/ASSIGNMENT.html and a merged "
+                                   "nbgrader gradebook DIR/gradebook.db, and prints a summary.")
+    p.add_argument("submissions", metavar="SUBMISSIONS_DIR")
+    p.add_argument("--assignment", metavar="ID",
+                   help="grade only this assignment (default: every course assignment found in the submissions)")
+    p.add_argument("--jobs", metavar="N", type=int, default=1,
+                   help="grade N notebooks at a time in separate processes (default: 1)")
+    p.add_argument("--out", metavar="DIR", default="grading-out", help="output directory (default: grading-out)")
+    p.add_argument("--cell-timeout", metavar="S", type=_positive, default=CELL_TIMEOUT,
+                   help=f"seconds a cell may run before it is interrupted (default: {CELL_TIMEOUT})")
+    _add_course(p)
+
+    p = sub.add_parser("check", help="run a notebook's visible tests and print a local score",
+                       description="Run NOTEBOOK top to bottom in a fresh kernel (in the notebook's folder, with "
+                                   "LABSUPPORT_GRADING=1) and report, per exercise, whether its visible tests "
+                                   "pass. Hidden tests run only at grading time, so the score is an estimate. "
+                                   "Exit status: 0 when every visible test passes, 1 otherwise, 2 on bad input.")
+    p.add_argument("notebook", metavar="NOTEBOOK")
+    p.add_argument("--cell-timeout", metavar="S", type=_positive, default=CELL_TIMEOUT,
+                   help=f"seconds a cell may run before it is interrupted (default: {CELL_TIMEOUT})")
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from .course import Course, CourseError
+
+    try:
+        if args.command == "release":
+            from .course import release
+            from .grading import Progress
+
+            course = Course.at(args.course)
+            ids = course.select(args.assignment)
+            written = release(course, ids, args.out, progress=Progress(len(ids), "release"))
+            for path in written:
+                print(path)
+            return 0
+        if args.command == "grade":
+            from .grading import grade
+
+            if args.jobs < 1:
+                raise CourseError("--jobs must be at least 1")
+            grade(args.submissions, Course.at(args.course), args.assignment, args.jobs, args.out, args.cell_timeout)
+            return 0
+        if args.command == "check":
+            from .check import check
+
+            return check(args.notebook, args.cell_timeout)
+    except CourseError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
