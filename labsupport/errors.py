@@ -1,0 +1,185 @@
+"""What ``labsupport.run`` raises, and how a worker's failure is put into words.
+
+Frames come from the worker as (filename, line number, function, source line); the notebook fills in the
+source of its own cells (which only it has, in ``linecache``) and names them ``Cell In[N]`` as IPython does.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import re
+import signal
+
+__all__ = ["WorkerError", "WorkerTimeout"]
+
+
+class WorkerError(RuntimeError):
+    """One or more ranks failed: raised an exception, or died.
+
+    Attributes:
+        rank: the first rank that failed.
+        ranks: every rank that failed, in rank order.
+        exc_type: name of the original exception type on ``rank`` (``None`` if the rank died without one).
+        exc_message: its message.
+        worker_traceback: its traceback as text, with source lines from the notebook.
+        exitcode: the exit code of a rank that died (negative: killed by that signal), else ``None``.
+        failures: a dict per failed rank with the same fields.
+
+    Example::
+
+        try:
+            labsupport.run(work, world_size=4)
+        except labsupport.WorkerError as err:
+            print(err.rank, err.exc_type, err.exc_message)
+            print(err.worker_traceback)     # points at the line of your cell that raised
+    """
+
+    def __init__(self, message: str, failures: list[dict]):
+        super().__init__(message)
+        self.failures = failures
+        first = failures[0]
+        self.rank = first["rank"]
+        self.ranks = [f["rank"] for f in failures]
+        self.exc_type = first.get("type")
+        self.exc_message = first.get("message")
+        self.worker_traceback = first.get("traceback", "")
+        self.exitcode = first.get("exitcode")
+
+
+class WorkerTimeout(TimeoutError):
+    """Ranks were still running after ``timeout`` seconds, usually a deadlock.
+
+    Attributes:
+        ranks: the ranks that were still running.
+        stacks: ``{rank: stack text}``, where each of them was blocked.
+        timeout: the time limit in seconds.
+
+    Example::
+
+        try:
+            labsupport.run(work, world_size=2, timeout=5)
+        except labsupport.WorkerTimeout as err:
+            print(err.ranks)                # the ranks that never finished
+            print(err.stacks[0])            # where rank 0 was waiting
+    """
+
+    def __init__(self, message: str, ranks: list[int], stacks: dict[int, str], timeout: float):
+        super().__init__(message)
+        self.ranks = ranks
+        self.stacks = stacks
+        self.timeout = timeout
+
+
+def _display_name(filename: str) -> str:
+    """'Cell In[5]' for a notebook cell, the path otherwise."""
+    try:
+        from IPython import get_ipython
+
+        ip = get_ipython()
+        count = getattr(getattr(ip, "compile", None), "_filename_map", {}).get(filename)
+        if count is not None:
+            return f"Cell In[{count}]"
+    except Exception:
+        pass
+    return filename
+
+
+def _is_internal(filename: str) -> bool:
+    here = os.path.dirname(os.path.abspath(__file__))
+    return (
+        filename.startswith(os.path.join(here, "_worker.py"))
+        or f"{os.sep}multiprocessing{os.sep}" in filename
+        or filename in (os.path.join(here, "launch.py"), os.path.join(here, "_pool.py"))
+    )
+
+
+def _is_torch(filename: str) -> bool:
+    return f"{os.sep}torch{os.sep}" in filename
+
+
+def _format_frames(frames) -> tuple[str, str]:
+    """Return (traceback text, one-line summary) for frames [(filename, lineno, name, line)], outermost first."""
+    frames = [f for f in frames if not _is_internal(f[0]) and f[0] != "<string>"]
+    lines = []
+    torch_run: list = []
+    last_user = None
+
+    def flush_torch():
+        if torch_run:
+            lines.append(f"  ... inside torch: {' -> '.join(fr[2] for fr in torch_run[-2:])}")
+            torch_run.clear()
+
+    for filename, lineno, name, line in frames:
+        if _is_torch(filename):
+            torch_run.append((filename, lineno, name))
+            continue
+        flush_torch()
+        src = (line or linecache.getline(filename, lineno)).strip()
+        lines.append(f'  File "{_display_name(filename)}", line {lineno}, in {name}')
+        if src:
+            lines.append(f"    {src}")
+        last_user = (filename, lineno, name, src)
+    innermost_torch = torch_run[-1][2] if torch_run else None
+    flush_torch()
+    if last_user is None:
+        summary = f"in {innermost_torch}" if innermost_torch else "(no Python frame)"
+    else:
+        filename, lineno, name, src = last_user
+        where = f"{_display_name(filename)}, line {lineno}"
+        summary = (f"blocked in {innermost_torch}, at " if innermost_torch else "at ") + f"{where}: {src}"
+    return "\n".join(lines), summary
+
+
+_THREAD_RE = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)")
+_FRAME_RE = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
+
+
+def _parse_faulthandler(text: str, main_ident: int):
+    """Frames of the main thread from a faulthandler dump, outermost first."""
+    sections: dict[int, list] = {}
+    current = None
+    for line in text.splitlines():
+        m = _THREAD_RE.match(line)
+        if m:
+            current = int(m.group(1), 16)
+            sections[current] = []
+            continue
+        m = _FRAME_RE.match(line)
+        if m and current is not None:
+            sections[current].append((m.group(1), int(m.group(2)), m.group(3), None))
+    frames = sections.get(main_ident)
+    if frames is None and sections:
+        frames = next(iter(sections.values()))
+    return list(reversed(frames or []))
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def _death_message(code) -> str:
+    if code is None:
+        return "stopped without a result"
+    if code < 0:
+        name = _signal_name(code)
+        hint = {
+            "SIGKILL": "killed from outside, often by the out-of-memory killer",
+            "SIGSEGV": "a segmentation fault in native code",
+            "SIGABRT": "aborted by native code (a failed C++ check)",
+            "SIGBUS": "a bus error in native code",
+        }.get(name, "killed by a signal")
+        return f"died from {name} ({hint})"
+    return f"exited with code {code} without raising an exception (os._exit or a C extension calling exit)"
+
+
+_CONNECTION_ERRORS = ("Connection closed by peer", "Read error", "Connection reset", "Broken pipe", "Socket closed")
+
+
+def _is_consequence(failure: dict) -> bool:
+    """A gloo connection error: what a rank sees when a peer died or was stopped, not a cause."""
+    msg = failure.get("message") or ""
+    return failure.get("type") == "RuntimeError" and any(e in msg for e in _CONNECTION_ERRORS)
