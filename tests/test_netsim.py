@@ -1,0 +1,133 @@
+"""labsupport.netsim: the simulator reproduces the closed-form alpha-beta costs, scales to 1024 ranks, and fits."""
+
+import math
+import random
+import time
+
+import numpy as np
+import pytest
+
+import labsupport
+from autograder.checks.ring import reference_alpha_beta_cost, reference_ring_all_reduce
+from labsupport import netsim
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "naive"])
+def test_simulation_reproduces_the_formula_exactly(algorithm):
+    rng = random.Random(0)
+    for _ in range(50):
+        p = rng.randint(1, 300)
+        n = rng.randint(1, 2**30)
+        a, b = 10 ** rng.uniform(-7, -3), 10 ** rng.uniform(-12, -8)
+        sim = netsim.simulate(netsim.ALGORITHMS[algorithm](p, n), netsim.Uniform(a, b))
+        assert math.isclose(sim, reference_alpha_beta_cost(algorithm, p, n, a, b), rel_tol=1e-9, abs_tol=1e-15)
+        assert math.isclose(sim, netsim.alpha_beta_time(algorithm, p, n, a, b), rel_tol=1e-9, abs_tol=1e-15)
+
+
+def test_recursive_doubling_matches_formula_for_powers_of_two_and_costs_more_otherwise():
+    for p in (1, 2, 4, 8, 64, 1024):
+        sim = netsim.simulate(netsim.recursive_doubling_allreduce(p, 1e6), netsim.Uniform(1e-5, 1e-9))
+        assert math.isclose(sim, netsim.alpha_beta_time("recursive_doubling", p, 1e6, 1e-5, 1e-9), rel_tol=1e-12)
+    # 6 ranks: 2 extra steps to fold ranks 4, 5 in and out
+    sim = netsim.simulate(netsim.recursive_doubling_allreduce(6, 1e6), netsim.Uniform(1e-5, 1e-9))
+    assert math.isclose(sim, 4 * (1e-5 + 1e6 * 1e-9))
+
+
+def test_1024_ranks_simulate_in_under_a_second():
+    sched = netsim.ring_allreduce(1024, 2**26)
+    best = min(_timed(lambda: netsim.simulate(sched, netsim.Uniform(2e-5, 5e-10))) for _ in range(3))
+    assert best < 1.0, f"simulating a 1024-rank ring took {best:.2f} s"
+    t0 = time.perf_counter()
+    for alg in netsim.ALGORITHMS.values():
+        netsim.simulate(alg(1024, 2**20), netsim.Hierarchical(8, 1e-6, 1e-10, 1e-5, 1e-9))
+    assert time.perf_counter() - t0 < 3.0
+
+
+def _timed(fn):
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def test_bytes_per_rank():
+    p, n = 8, 8000
+    ring = netsim.ring_allreduce(p, n)
+    assert np.allclose(ring.bytes_sent, 2 * (p - 1) / p * n)
+    assert np.allclose(ring.bytes_received, 2 * (p - 1) / p * n)
+    ps = netsim.parameter_server_allreduce(p, n)
+    assert ps.bytes_sent[0] == (p - 1) * n and ps.bytes_received[0] == (p - 1) * n
+    assert np.all(ps.bytes_sent[1:] == n) and np.all(ps.bytes_received[1:] == n)
+    assert netsim.simulate(ps, netsim.Uniform(0, 1)) == netsim.alpha_beta_time("naive", p, n, 0, 1)
+
+
+def test_ring_chunks_end_with_chunk_rank_and_gather_everything():
+    for p in (2, 3, 4, 7):
+        for r in range(p):
+            # the chunk sent in each step is the one received in the step before (by the left neighbour's view)
+            for k in range(1, p - 1):
+                assert netsim.ring_chunks(p, r, k)[0] == netsim.ring_chunks(p, r, k - 1)[1]
+            assert netsim.ring_chunks(p, r, p - 2)[1] == r  # reduce-scatter completes chunk r
+            # what rank r sends to r+1 is what r+1 expects to receive
+            for k in range(2 * (p - 1)):
+                assert netsim.ring_chunks(p, r, k)[0] == netsim.ring_chunks(p, (r + 1) % p, k)[1]
+            received = {netsim.ring_chunks(p, r, k)[1] for k in range(p - 1, 2 * (p - 1))}
+            assert received == set(range(p)) - {r}
+
+
+def test_topologies():
+    p, n = 8, 1e6
+    # a ring whose ranks sit 4 per node: every step waits for the slow inter-node link
+    h = netsim.Hierarchical(4, 1e-6, 1e-11, 1e-5, 1e-9)
+    assert math.isclose(netsim.simulate(netsim.ring_allreduce(p, n), h), netsim.alpha_beta_time("ring", p, n, 1e-5, 1e-9))
+    # one node: all links fast
+    assert math.isclose(
+        netsim.simulate(netsim.ring_allreduce(4, n), h), netsim.alpha_beta_time("ring", 4, n, 1e-6, 1e-11)
+    )
+    # 8 ranks sharing 2 cores: everything 4 times slower than the two-rank link
+    s = netsim.SharedHost(1e-5, 1e-9, cores=2)
+    assert math.isclose(netsim.simulate(netsim.ring_allreduce(p, n), s), 4 * netsim.alpha_beta_time("ring", p, n, 1e-5, 1e-9))
+    assert math.isclose(netsim.simulate(netsim.ring_allreduce(2, n), s), netsim.alpha_beta_time("ring", 2, n, 1e-5, 1e-9))
+
+
+def test_per_rank_finish_times():
+    t = netsim.simulate(netsim.naive_allreduce(4, 100), netsim.Uniform(1, 0), per_rank=True)
+    assert list(t) == [6, 4, 5, 6]  # the root finishes last; rank 1 gets the result first
+
+
+def test_fit_alpha_beta_recovers_a_line():
+    rng = np.random.default_rng(0)
+    sizes = np.logspace(2, 24, 20, base=2)
+    times = (30e-6 + sizes * 4e-10) * rng.uniform(0.97, 1.03, size=sizes.shape)
+    a, b = netsim.fit_alpha_beta(sizes, times)
+    assert 25e-6 < a < 35e-6 and 3.7e-10 < b < 4.3e-10
+
+
+def _traced_ring(numel):
+    import torch
+
+    x = torch.ones(numel)
+    with labsupport.CommCounter() as cc:
+        reference_ring_all_reduce(x)
+    return cc.summary
+
+
+def test_schedule_from_a_real_ring():
+    summaries = labsupport.run(_traced_ring, 3000, world_size=3)
+    sched = netsim.from_comm(summaries)
+    assert len(sched.steps) == 4
+    assert np.allclose(sched.bytes_sent, 2 * 2 / 3 * 3000 * 4)
+    sim = netsim.simulate(sched, netsim.Uniform(1e-5, 1e-9))
+    assert math.isclose(sim, netsim.alpha_beta_time("ring", 3, 12000, 1e-5, 1e-9))
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        netsim.alpha_beta_time("tree", 4, 10, 1, 1)
+    with pytest.raises(ValueError, match="positive integer"):
+        netsim.ring_allreduce(0, 10)
+    with pytest.raises(ValueError, match="nbytes"):
+        netsim.naive_allreduce(4, -1)
+    with pytest.raises(ValueError, match="at least two"):
+        netsim.fit_alpha_beta([1], [1])
+    with pytest.raises(ValueError, match="as many destinations"):
+        netsim.Step([0, 1], [1], 10)
