@@ -346,6 +346,9 @@ def plot_comm_counts(measured: dict, expected: dict | None = None, what: str = "
                     zorder=3,
                     label="expected (simple algorithm)" if r == 0 else None,
                 )
+    from matplotlib.ticker import MaxNLocator
+
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels(names, rotation=20, fontsize=9)
     ax.set_ylabel(what)
