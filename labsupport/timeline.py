@@ -2,11 +2,19 @@
 
 Inside a worker, wrap work in ``with tl.span("backward"):`` (compute) or ``tl.comm("all_reduce")`` (communication),
 or record spans measured elsewhere with ``tl.add``; return ``tl.events`` from the worker and draw the list of
-per-rank event lists with ``labsupport.plots.timeline``.
+per-rank event lists with ``labsupport.plots.plot_timeline``. A span of kind ``"wait"`` (``tl.span("finish",
+kind="wait")``) marks time spent blocked on communication: drawn, but not counted as compute.
+
+Asynchronous communication runs in the background while the rank computes, so a ``with`` block cannot time it.
+``tl.track(work)`` records an ``async_op=True`` call from now until it completes, and ``with tl.collectives():``
+records every collective this rank issues inside the block (whoever issues it: your code, a library, a hook), each
+from the moment it is issued to the moment it completes. ``Timeline.hidden_fraction(events)`` then says how much
+of the communication time was hidden behind computation.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -45,6 +53,18 @@ class Timeline:
     def __init__(self, origin: float | None = None):
         self.origin = time.perf_counter() if origin is None else origin
         self.events: list[Event] = []
+        self._inflight: list = []  # (name, start, work) of tracked calls not yet complete
+        self._lock = threading.Lock()
+
+    def __getstate__(self):  # picklable (a worker may return the Timeline itself): drop what cannot travel
+        state = dict(self.__dict__)
+        state["_inflight"] = []
+        state["_lock"] = None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     def now(self) -> float:
         """Seconds since the timeline began."""
@@ -67,6 +87,117 @@ class Timeline:
     def comm(self, name: str):
         return self.span(name, kind="comm")
 
+    def track(self, work, name: str = "all_reduce"):
+        """Record an asynchronous call from now until it completes, as a ``"comm"`` span; returns ``work``.
+
+        ``work`` is what ``dist.all_reduce(t, async_op=True)`` (or any ``async_op=True`` call) returned. The end
+        time is taken when the backend marks it complete (a callback on ``work.get_future()``), not when you wait.
+        A backend without futures records the span up to the moment ``tl.finish()`` is called.
+
+        Example::
+
+            work = tl.track(dist.all_reduce(grad, async_op=True), "all_reduce grad")
+            ...                        # compute while it runs
+            work.wait()
+            tl.finish()                # before reading tl.events
+        """
+        start = self.now()
+        with self._lock:
+            self._inflight.append((name, start, work))
+        try:
+            fut = work.get_future()
+        except Exception:  # no future on this backend: closed by finish()
+            return work
+
+        def done(_fut, name=name, start=start, work=work):
+            end = self.now()
+            with self._lock:
+                self._close(name, start, work, end)
+
+        fut.add_done_callback(done)
+        return work
+
+    def _close(self, name, start, work, end) -> None:
+        for i, (n, s, w) in enumerate(self._inflight):
+            if w is work and s == start and n == name:
+                del self._inflight[i]
+                self.add(name, start, end, "comm")
+                return
+
+    def finish(self) -> list:
+        """Close the spans of tracked calls still open (waiting for each), and return ``events`` sorted by start."""
+        for name, start, work in list(self._inflight):
+            try:
+                work.wait()
+            except Exception:
+                pass
+        time.sleep(0)  # let completion callbacks of other threads run
+        deadline = time.perf_counter() + 1.0
+        while self._inflight and time.perf_counter() < deadline:
+            time.sleep(0.001)
+        with self._lock:
+            for name, start, work in list(self._inflight):
+                self._close(name, start, work, self.now())
+        self.events.sort(key=lambda e: e.start)
+        return self.events
+
+    @contextmanager
+    def collectives(self, kinds=("all_reduce",)):
+        """Record every collective of the given kinds issued on this rank inside the block, issue to completion.
+
+        ``kinds`` are ``torch.distributed`` names (``"all_reduce"``, ``"broadcast"``, ``"all_gather"``,
+        ``"reduce_scatter"``, ...), matched as in ``CommCounter``; ``None`` records every kind. Spans are named
+        ``"<kind> <bytes> B"``. Calls made by C++ code that bypasses Python (DistributedDataParallel's own reducer)
+        are not seen. On leaving the block, calls still in flight are waited for and closed (``finish``).
+
+        Example::
+
+            with tl.collectives():
+                with tl.span("backward"):
+                    loss.backward()        # a DDP wrapper launches all-reduces from gradient hooks
+                model.finish_gradient_synchronization()
+            print(Timeline.hidden_fraction(tl.events))
+        """
+        _install_collective_recorder()
+        entry = (self, None if kinds is None else frozenset(kinds))
+        with _RECORDERS_LOCK:
+            _RECORDERS.append(entry)
+        try:
+            yield self
+        finally:
+            with _RECORDERS_LOCK:
+                _RECORDERS.remove(entry)
+                if not _RECORDERS:
+                    _uninstall_collective_recorder()
+            self.finish()
+
+    @staticmethod
+    def covered(events: list[Event], kind: str = "comm", names=None) -> float:
+        """Seconds during which at least one span of ``kind`` (and, if given, with a name in ``names``) was running."""
+        spans = sorted((e.start, e.end) for e in events if e.kind == kind and (names is None or e.name in names))
+        return sum(e - s for s, e in _union(spans))
+
+    @staticmethod
+    def hidden_fraction(events: list[Event], kind_a: str = "comm", kind_b: str = "compute", names_b=None) -> float:
+        """Fraction of the time some ``kind_a`` span ran during which some ``kind_b`` span also ran.
+
+        With the defaults: the fraction of communication time hidden behind computation (1.0 = fully overlapped,
+        0.0 = none). ``names_b`` restricts the computation to spans with those names, e.g. ``{"backward"}``.
+        Returns 0.0 when there is no ``kind_a`` span.
+        """
+        a = _union(sorted((e.start, e.end) for e in events if e.kind == kind_a))
+        b = _union(
+            sorted((e.start, e.end) for e in events if e.kind == kind_b and (names_b is None or e.name in names_b))
+        )
+        total = sum(e - s for s, e in a)
+        if total <= 0:
+            return 0.0
+        both = 0.0
+        for s1, e1 in a:
+            for s2, e2 in b:
+                both += max(0.0, min(e1, e2) - max(s1, s2))
+        return both / total
+
     @staticmethod
     def overlap(events: list[Event], kind_a: str = "comm", kind_b: str = "compute") -> float:
         """Seconds during which a span of ``kind_a`` and a span of ``kind_b`` were both running."""
@@ -77,3 +208,90 @@ class Timeline:
             for s2, e2 in b:
                 total += max(0.0, min(e1, e2) - max(s1, s2))
         return total
+
+
+def _union(spans):
+    """Merge sorted (start, end) pairs into disjoint ones."""
+    out = []
+    for s, e in spans:
+        if out and s <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((s, e))
+    return out
+
+
+# ---- recording collectives issued by anyone (Timeline.collectives) ------------------------------------------------
+# The same idea as CommCounter: every torch.distributed collective ends in a method of the process-group object,
+# which returns a Work. While a recorder is active, those methods are wrapped to hand each Work to the recorders.
+# Wrappers are only removed if they are still the installed ones, and pass calls straight through once no recorder
+# is active, so they compose with CommCounter whichever is entered or left first.
+
+_RECORDERS: list = []
+_RECORDERS_LOCK = threading.RLock()
+_SAVED: dict = {}
+_rec_state = threading.local()
+
+
+def _kind_of(method: str):
+    from .comm import _KINDS
+
+    return _KINDS.get(method)
+
+
+def _wrap_collective(method: str, original):
+    kind = _kind_of(method)
+
+    def wrapper(pg, *args, **kwargs):
+        if getattr(_rec_state, "depth", 0) or not _RECORDERS:
+            return original(pg, *args, **kwargs)
+        from .comm import _nbytes
+
+        tensors = args[0] if args else kwargs.get("tensors")
+        name = f"{kind} {_nbytes(tensors)} B"
+        _rec_state.depth = getattr(_rec_state, "depth", 0) + 1
+        try:
+            work = original(pg, *args, **kwargs)
+        finally:
+            _rec_state.depth -= 1
+        for tl, kinds in list(_RECORDERS):
+            if kinds is None or kind in kinds:
+                try:
+                    tl.track(work, name)
+                except Exception:  # recording must never break the call
+                    pass
+        return work
+
+    wrapper.__name__ = method
+    wrapper.__wrapped__ = original
+    wrapper._timeline_recorder = True
+    return wrapper
+
+
+def _install_collective_recorder() -> None:
+    from torch._C._distributed_c10d import ProcessGroup
+
+    from .comm import POINT_TO_POINT, _KINDS
+
+    with _RECORDERS_LOCK:
+        if _SAVED:
+            return
+        for method, kind in _KINDS.items():
+            if kind in POINT_TO_POINT or kind == "barrier":
+                continue
+            current = ProcessGroup.__dict__.get(method)
+            if current is None:
+                continue
+            _SAVED[method] = current
+            setattr(ProcessGroup, method, _wrap_collective(method, current))
+
+
+def _uninstall_collective_recorder() -> None:
+    from torch._C._distributed_c10d import ProcessGroup
+
+    with _RECORDERS_LOCK:
+        for method, original in _SAVED.items():
+            current = ProcessGroup.__dict__.get(method)
+            if getattr(current, "_timeline_recorder", False) and current.__wrapped__ is original:
+                setattr(ProcessGroup, method, original)
+        _SAVED.clear()

@@ -1,0 +1,134 @@
+"""labsupport.Timeline: asynchronous spans (track, collectives, finish) and overlap measures (covered,
+hidden_fraction), on real gloo workers."""
+
+import pickle
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import labsupport
+from labsupport import CommCounter, Timeline
+from labsupport.timeline import Event
+
+
+def ev(name, kind, start, end):
+    return Event(name, kind, start, end)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# pure measures
+
+
+def test_covered_merges_overlapping_spans():
+    events = [ev("a", "comm", 0.0, 2.0), ev("b", "comm", 1.0, 3.0), ev("c", "comm", 5.0, 6.0),
+              ev("x", "compute", 0.0, 10.0)]
+    assert Timeline.covered(events) == pytest.approx(4.0)
+    assert Timeline.covered(events, "compute") == pytest.approx(10.0)
+    assert Timeline.covered(events, names={"c"}) == pytest.approx(1.0)
+
+
+def test_hidden_fraction_counts_union_not_pairs():
+    # two comm spans in flight together over one compute span: overlap() double counts, hidden_fraction does not
+    events = [ev("a", "comm", 0.0, 2.0), ev("b", "comm", 0.0, 2.0), ev("bwd", "compute", 1.0, 3.0)]
+    assert Timeline.overlap(events) == pytest.approx(2.0)
+    assert Timeline.hidden_fraction(events) == pytest.approx(0.5)
+
+
+def test_hidden_fraction_ignores_waits_and_filters_names():
+    events = [ev("ar", "comm", 2.0, 4.0), ev("backward", "compute", 0.0, 3.0), ev("finish", "wait", 3.0, 4.0),
+              ev("step", "compute", 3.5, 4.0)]
+    assert Timeline.hidden_fraction(events) == pytest.approx(0.75)
+    assert Timeline.hidden_fraction(events, names_b={"backward"}) == pytest.approx(0.5)
+    assert Timeline.hidden_fraction([ev("backward", "compute", 0, 1)]) == 0.0
+
+
+def test_timeline_pickles_without_its_lock():
+    tl = Timeline()
+    with tl.span("forward"):
+        pass
+    copy = pickle.loads(pickle.dumps(tl))
+    assert [e.name for e in copy.events] == ["forward"]
+    with copy.span("again"):  # the lock was rebuilt
+        pass
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# on workers
+
+
+def track_one():
+    tl = Timeline()
+    x = torch.ones(1 << 16)
+    work = tl.track(dist.all_reduce(x, async_op=True), "grad")
+    assert work is not None
+    with tl.span("compute"):
+        time.sleep(0.01)
+    work.wait()
+    events = tl.finish()
+    return [(e.name, e.kind, e.start, e.end) for e in events], x[0].item()
+
+
+def test_track_records_issue_to_completion():
+    for events, value in labsupport.run(track_one, world_size=2):
+        assert value == 2.0
+        comm = [e for e in events if e[1] == "comm"]
+        assert len(comm) == 1 and comm[0][0] == "grad"
+        assert 0 <= comm[0][2] <= comm[0][3]
+        compute = [e for e in events if e[1] == "compute"][0]
+        assert comm[0][2] <= compute[2]  # issued before the compute span began
+
+
+def record_collectives(order):
+    """All-reduces issued by anyone inside tl.collectives() are recorded; nesting with CommCounter either way."""
+    tl = Timeline()
+    grads = [torch.ones(10), torch.ones(1000)]
+    if order == "timeline-outside":
+        with tl.collectives():
+            with CommCounter() as cc:
+                works = [dist.all_reduce(g, async_op=True) for g in grads]
+                dist.broadcast(torch.zeros(3), 0)  # not an all-reduce: not recorded with the default kinds
+            for w in works:
+                w.wait()
+    else:
+        with CommCounter() as cc:
+            with tl.collectives(kinds=None):
+                works = [dist.all_reduce(g, async_op=True) for g in grads]
+                dist.broadcast(torch.zeros(3), 0)
+                for w in works:
+                    w.wait()
+    # after both contexts: nothing recorded any more, calls still work
+    dist.all_reduce(torch.ones(2))
+    from torch._C._distributed_c10d import ProcessGroup
+
+    patched = [m for m in ("allreduce", "broadcast") if hasattr(ProcessGroup.__dict__.get(m), "__wrapped__")]
+    return sorted(e.name for e in tl.events), cc.count("all_reduce"), patched, grads[1][0].item()
+
+
+@pytest.mark.parametrize("order", ["timeline-outside", "counter-outside"])
+def test_collectives_records_every_all_reduce(order):
+    for names, counted, patched, value in labsupport.run(record_collectives, order, world_size=2):
+        assert value == 2.0
+        assert counted == 2
+        expected = ["all_reduce 40 B", "all_reduce 4000 B"]
+        if order == "counter-outside":
+            expected = sorted(expected + ["broadcast 12 B"])
+        assert names == expected
+        assert patched == []  # both wrappers removed
+
+
+def timeline_inside_counter_exit_order():
+    """The counter leaves while the timeline is still recording: later calls pass straight through."""
+    tl = Timeline()
+    cc = CommCounter()
+    cc.__enter__()
+    with tl.collectives():
+        cc.__exit__(None, None, None)
+        dist.all_reduce(torch.ones(4))
+    dist.all_reduce(torch.ones(4))
+    return len(tl.events)
+
+
+def test_collectives_survives_counter_leaving_first():
+    assert labsupport.run(timeline_inside_counter_exit_order, world_size=2) == [0, 0]
