@@ -1,0 +1,90 @@
+"""labsupport.plots.timeline: every function returns a Figure with the expected axes and artists (cheap checks)."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+from matplotlib.collections import PolyCollection  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+import labsupport.plots as plots  # noqa: E402
+from labsupport.dp import CATEGORIES, MemoryReport  # noqa: E402
+from labsupport.timeline import Event  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _close():
+    yield
+    plt.close("all")
+
+
+def _bars(ax):
+    return [c for c in ax.collections if isinstance(c, PolyCollection)]
+
+
+def _rank(offset, overlapped):
+    comm = [Event("all_reduce 4096 B", "comm", offset + (1.0 if overlapped else 3.0), offset + 3.5),
+            Event("all_reduce 512 B", "comm", offset + (1.5 if overlapped else 3.0), offset + 3.2)]
+    return [Event("forward", "compute", offset, offset + 1.0), Event("backward", "compute", offset + 1.0,
+                                                                      offset + 3.0),
+            Event("sync", "wait", offset + 3.0, offset + 3.6), Event("step", "compute", offset + 3.6,
+                                                                    offset + 4.0)] + comm
+
+
+def test_plot_timeline_one_axis_per_run_and_bars_per_span():
+    runs = {"naive": [_rank(0, False), _rank(0.1, False)], "bucketed": [_rank(0, True), _rank(0.1, True)]}
+    fig = plots.plot_timeline(runs)
+    assert isinstance(fig, Figure)
+    assert len(fig.axes) == 2
+    for ax in fig.axes:
+        assert len(_bars(ax)) == 2 * 6  # 4 compute/wait spans + 2 comm spans per rank
+        assert len(ax.get_yticklabels()) == 2
+    # overlapped comm: the label reports a hidden fraction; the naive one 0%
+    assert "0% of comm hidden" in fig.axes[0].get_yticklabels()[0].get_text()
+    assert "100% of comm hidden" not in fig.axes[0].get_yticklabels()[0].get_text()
+
+
+def test_plot_timeline_accepts_a_plain_list_and_dicts():
+    events = [[{"name": "F0", "kind": "compute", "start": 0.0, "end": 1.0},
+               {"name": "B0", "kind": "compute", "start": 1.0, "end": 2.0}]]
+    fig = plots.plot_timeline(events, title="pipeline", unit="s")
+    assert len(fig.axes) == 1 and len(_bars(fig.axes[0])) == 2
+    assert fig.axes[0].get_title(loc="left") == "pipeline"
+
+
+def test_plot_dp_vs_ddp_two_panels():
+    fig = plots.plot_dp_vs_ddp(num_devices=4)
+    assert isinstance(fig, Figure) and len(fig.axes) == 2
+    assert len(fig.axes[0].patches) >= 4 and len(fig.axes[1].patches) >= 8  # boxes and arrows
+
+
+def test_plot_dp_memory_bars_per_device():
+    per = {c: 1 << 20 for c in CATEGORIES}
+    report = MemoryReport("dp", bytes=[dict(per, **{"optimizer state": 8 << 20})] + [per] * 3,
+                          seconds=[{"forward": 0.1, "backward": 0.2, "master only": 0.3}] * 4)
+    ddp = [{"bytes": per, "seconds": {"forward": 0.1, "backward": 0.2, "optimizer": 0.05}}] * 4
+    fig = plots.plot_dp_memory(report, ddp)
+    assert isinstance(fig, Figure) and len(fig.axes) == 4
+    assert len(fig.axes[0].patches) == 4 * len(CATEGORIES)
+    assert len(fig.axes[2].patches) == 4 * 3  # forward, backward, master only
+    only_dp = plots.plot_dp_memory(report)
+    assert len(only_dp.axes) == 2
+
+
+def test_plot_bucket_layout_with_and_without_measured():
+    buckets = [[("4.bias", 16), ("4.weight", 1024)], [("2.weight", 4096)], [("0.bias", 64)]]
+    fig = plots.plot_bucket_layout(buckets, cap_bytes=2000)
+    assert isinstance(fig, Figure) and len(fig.axes) == 1
+    assert len(fig.axes[0].patches) == 3 + 4  # a frame per bucket, a block per parameter
+    fig = plots.plot_bucket_layout(buckets, cap_bytes=2000, measured=[1040, 4096, 64])
+    assert len(fig.axes[0].patches) == 3 + 4 + 3
+
+
+def test_plot_step_sweep_and_loss_curves():
+    fig = plots.plot_step_sweep([0.1, 1, 10], {"ours": [0.05, 0.04, None], "naive": 0.06})
+    assert isinstance(fig, Figure) and len(fig.axes[0].lines) == 2
+    assert len(fig.axes[0].lines[0].get_xdata()) == 2  # the missing point is skipped
+    fig = plots.plot_loss_curves({"sync": [1.0, 0.5], "stale": [1.0, 2.0]})
+    assert isinstance(fig, Figure) and len(fig.axes[0].lines) == 2
