@@ -180,11 +180,13 @@ def run_notebook(nb, cwd: Path, timeout: float, env: dict | None = None):
             return cell
 
     record = reset_record()
-    kernel = (nb.get("metadata", {}).get("kernelspec") or {}).get("name") or "python3"
+    # The Python of this command, whatever kernel the notebook was last saved with (a student's own kernel name
+    # may not exist here); jupyter_client maps "python3" to the running interpreter.
+    kernel = "python3"
     client = _Client(
         nb, timeout=int(timeout), allow_errors=True, interrupt_on_timeout=True,
         error_on_timeout=timeout_error(timeout), kernel_name=kernel, startup_timeout=120,
-        extra_arguments=["--IPKernelApp.log_level=ERROR"] if kernel.startswith("python") else [],
+        extra_arguments=["--IPKernelApp.log_level=ERROR"],
         resources={"metadata": {"path": str(cwd)}},
     )
     try:

@@ -28,6 +28,7 @@ MAX_TRACEBACK_LINES = 40
 MAX_MESSAGE_CHARS = 400
 MIN_HIDDEN_LINE = 8   # shorter hidden lines ("pass", "try:") say nothing and occur in anyone's code
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_SAFE_MIME = ("text/plain", "image/png", "image/jpeg", "image/gif")
 
 
 @dataclass
@@ -132,19 +133,15 @@ def _clean_outputs(outputs, secret):
             out["traceback"] = tb
             out["evalue"] = clean_value(out.get("evalue", ""), secret)
         elif kind in ("display_data", "execute_result"):
-            data = out.get("data", {})
-            for mime in list(data):
-                value = data[mime]
-                text = value if isinstance(value, str) else "".join(value) if isinstance(value, list) else ""
-                if mime.startswith("text/") or mime in ("application/javascript", "application/json"):
-                    if mime in ("text/html", "application/javascript", "application/json"):
-                        del data[mime]   # not reproducible offline and can hide anything; the text form stays
-                        continue
-                    data[mime] = _bounded(scrub(text, secret))
-                elif len(text) > 2_000_000:
-                    del data[mime]
+            # plain text and bitmaps only: HTML, JavaScript, SVG or Markdown output could run code in the
+            # browser of whoever opens the page (the student, or the instructor)
+            data = {mime: value for mime, value in out.get("data", {}).items() if mime in _SAFE_MIME}
+            if "text/plain" in data:
+                data["text/plain"] = _bounded(scrub(source_text({"source": data["text/plain"]}), secret))
+            data = {mime: value for mime, value in data.items() if len(value) < 3_000_000}
             if not data:
                 continue
+            out["data"] = data
         cleaned.append(out)
     return cleaned
 
@@ -153,6 +150,7 @@ def clean_notebook(graded_nb, release_nb, outcomes: dict[str, TestOutcome], secr
     """The notebook a student may see: see the module docstring."""
     nb = copy.deepcopy(graded_nb)
     release_by_id = {nbgrader_meta(c).get("grade_id"): c for c in release_nb.cells if nbgrader_meta(c)}
+    trusted_markdown = {source_text(c).strip() for c in release_nb.cells if c.cell_type == "markdown"}
     for cell in nb.cells:
         meta = nbgrader_meta(cell)
         gid = meta.get("grade_id")
@@ -160,6 +158,12 @@ def clean_notebook(graded_nb, release_nb, outcomes: dict[str, TestOutcome], secr
         if rel is not None and not meta.get("solution"):
             cell.source = source_text(rel)
         cell.source = strip_hidden(source_text(cell))
+        if cell.cell_type == "markdown" and cell.source.strip() not in trusted_markdown:
+            # a student's own Markdown: formatting yes, raw HTML no (it would be shown as text)
+            cell.source = html.escape(cell.source, quote=False)
+        elif cell.cell_type == "raw":
+            cell.metadata.pop("format", None)
+            cell.metadata.pop("raw_mimetype", None)
         if cell.cell_type != "code":
             continue
         if gid in outcomes and meta.get("grade"):
@@ -191,6 +195,20 @@ pre { margin: 0; padding: .5em .7em; overflow-x: auto; white-space: pre-wrap; }
 """
 
 
+_EXPORTER = None
+
+
+def _exporter():
+    """One HTML exporter per process (building one compiles its templates, a good part of a second)."""
+    global _EXPORTER
+    if _EXPORTER is None:
+        from nbconvert import HTMLExporter
+        from pygments.formatters import HtmlFormatter
+
+        _EXPORTER = HTMLExporter(template_name="basic"), HtmlFormatter().get_style_defs(".highlight")
+    return _EXPORTER
+
+
 def render(summary: Summary, nb=None) -> str:
     """The feedback page: a header with the scores and notes, then the cleaned notebook (if any)."""
     esc = html.escape
@@ -209,12 +227,9 @@ def render(summary: Summary, nb=None) -> str:
     notes = f"<p>Notes from the grader:</p><ul>{notes}</ul>" if notes else ""
     body = ""
     if nb is not None:
-        from nbconvert import HTMLExporter
-        from pygments.formatters import HtmlFormatter
-
-        exporter = HTMLExporter(template_name="basic", sanitize_html=True)
+        exporter, style = _exporter()
         body, _ = exporter.from_notebook_node(nb)
-        body = f"<style>{HtmlFormatter().get_style_defs('.highlight')}</style>\n{body}"
+        body = f"<style>{style}</style>\n{body}"
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         f"<title>Feedback: {esc(summary.assignment)} ({esc(summary.student)})</title><style>{_CSS}</style></head>"
