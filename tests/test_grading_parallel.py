@@ -1,0 +1,59 @@
+"""Parallel grading gives the serial result, and submissions that run real workers (labsupport) are graded,
+deadlocks included."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+import demo_submissions as demo  # noqa: E402
+
+MIX = {"alice": "good", "bob": "release", "carol": "partial", "dave": "edited_tests", "frank": "invalid_json",
+       "grace": "renamed"}
+
+
+def test_jobs_2_gives_the_serial_csv(tmp_path):
+    subs = demo.write(tmp_path / "subs", MIX)
+    outputs = {}
+    for jobs in (1, 2):
+        out = tmp_path / f"out{jobs}"
+        proc = demo.cli("grade", subs, "--jobs", jobs, "--out", out, "--course", demo.COURSE)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        outputs[jobs] = out
+    serial = (outputs[1] / "grades.csv").read_bytes()
+    assert serial == (outputs[2] / "grades.csv").read_bytes()
+    grades = demo.read_grades(outputs[1] / "grades.csv")
+    assert [grades[(s, demo.DEMO)]["points"] for s in MIX] == ["5", "0", "1", "3", "0", "0"]
+    for student in MIX:
+        one = (outputs[1] / "feedback" / student / f"{demo.DEMO}.html").read_text()
+        two = (outputs[2] / "feedback" / student / f"{demo.DEMO}.html").read_text()
+        assert one == two, student
+
+
+@pytest.mark.timeout(400)
+def test_workers_and_a_deadlocked_worker(tmp_path):
+    """A hidden test that runs the student's function on 3 labsupport workers: the correct one gets full marks,
+    the deadlocked one loses the points with WorkerTimeout (well before the cell time limit), the stub gets 0."""
+    pytest.importorskip("labsupport")
+    subs = demo.write(tmp_path / "subs", {"good": "worker_good", "stuck": "worker_deadlock"})
+    folder = subs / "untouched" / demo.WORKERS
+    folder.mkdir(parents=True)
+    (folder / f"{demo.WORKERS}.ipynb").write_bytes(
+        (demo.COURSE / "notebooks" / demo.WORKERS / f"{demo.WORKERS}.ipynb").read_bytes())
+    out = tmp_path / "out"
+    proc = demo.cli("grade", subs, "--jobs", 2, "--out", out, "--course", demo.COURSE, "--cell-timeout", 120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    grades = demo.read_grades(out / "grades.csv")
+    # without --assignment: every course assignment somebody handed in (98 only; nobody has 99_demo here)
+    assert sorted(grades) == [(s, demo.WORKERS) for s in ("good", "stuck", "untouched")]
+    good, stuck, untouched = (grades[(s, demo.WORKERS)] for s in ("good", "stuck", "untouched"))
+    assert (good["points"], good["status"], good["reason"]) == ("3", "ok", ""), good
+    assert (stuck["points"], stuck["status"]) == ("0", "ok"), stuck
+    assert "test_pass_to_next (WorkerTimeout" in stuck["reason"], stuck
+    assert "cells stopped" not in stuck["reason"]  # labsupport's own time limit fired, not the cell's
+    assert (untouched["points"], untouched["status"]) == ("0", "ok"), untouched
+    text = demo.html_text((out / "feedback" / "stuck" / f"{demo.WORKERS}.html").read_text())
+    assert "failed (0 / 3 points): WorkerTimeout" in text
+    for line in demo.hidden_test_lines(demo.WORKERS):
+        assert line not in text
