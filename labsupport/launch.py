@@ -79,7 +79,7 @@ def device():
         import torch.distributed as dist
 
         if dist.is_initialized() and dist.get_backend() == "nccl":
-            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+            return torch.device("cuda", _local_cuda_index())
     except Exception:
         pass
     return torch.device("cpu")
@@ -131,16 +131,28 @@ def _resolve_backend(backend: str, world_size: int) -> str:
     return "nccl" if gpus >= world_size else "gloo"
 
 
+def _local_cuda_index() -> int | None:
+    """The GPU of this process under a launcher: ``LOCAL_RANK``, or the only visible one when the launcher binds
+    one GPU per task (SLURM's ``--gpus-per-task=1``); ``None`` when there is no GPU for it."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    count, local = torch.cuda.device_count(), int(os.environ.get("LOCAL_RANK", "0"))
+    if local < count:
+        return local
+    return 0 if count == 1 else None
+
+
 def _run_under_torchrun(fn, args, kwargs):
     import torch
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        local = int(os.environ.get("LOCAL_RANK", 0))
-        use_nccl = torch.cuda.is_available() and torch.cuda.device_count() > local
-        if use_nccl:
-            torch.cuda.set_device(local)
-        dist.init_process_group("nccl" if use_nccl else "gloo")
+        index = _local_cuda_index()
+        if index is not None:
+            torch.cuda.set_device(index)
+        dist.init_process_group("nccl" if index is not None else "gloo")
         atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
     return [fn(*args, **kwargs)]
 
