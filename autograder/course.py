@@ -37,7 +37,7 @@ class Course:
     root: Path
 
     @classmethod
-    def at(cls, root: str | os.PathLike | None) -> "Course":
+    def at(cls, root: str | os.PathLike | None) -> Course:
         path = Path(root).resolve() if root is not None else repository_root()
         if not path.is_dir():
             raise CourseError(f"course directory {path} does not exist")

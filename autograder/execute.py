@@ -93,9 +93,8 @@ class _BoundedOutput:
 
 def _note_outcome(cell, label: str) -> None:
     for out in cell.get("outputs", []):
-        if out.get("output_type") == "error" and out.get("ename") == TIMEOUT_ENAME:
-            if label not in CURRENT.timed_out:
-                CURRENT.timed_out.append(label)
+        if out.get("output_type") == "error" and out.get("ename") == TIMEOUT_ENAME and label not in CURRENT.timed_out:
+            CURRENT.timed_out.append(label)
 
 
 def _note_failure(exc: BaseException, label: str) -> None:

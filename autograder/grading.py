@@ -18,53 +18,21 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import csv
-import json
 import multiprocessing
-import os
 import shutil
 import sys
 import tempfile
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import feedback as fb
-from .course import RELEASE, SOURCE, Course, CourseError, build_course_dir
-from .execute import CURRENT, cell_label, guarded_execute_class, kernel_env, nbgrader_meta, reset_record
+from .course import RELEASE, Course, CourseError, build_course_dir
+from .feedback import Summary, render
 from .nbgrader_config import CELL_TIMEOUT
+from .worker import CSV_COLUMNS, Result, Task, init_worker, max_points, run_task
 
-CSV_COLUMNS = ["student", "assignment", "points", "max_points", "status", "reason", "tampered_cells"]
-MAX_REASON = 1000
-
-
-@dataclass
-class Task:
-    student: str
-    assignment: str
-    notebook: str | None          # path of the submitted notebook, None when it is missing
-    problem: str | None = None    # why it cannot be graded (missing notebook)
-
-
-@dataclass
-class Result:
-    student: str
-    assignment: str
-    points: float
-    max_points: float
-    status: str                   # "ok" or "failed"
-    reason: str
-    tampered_cells: list[str] = field(default_factory=list)
-    tests: list[dict] = field(default_factory=list)   # {"grade_id", "points", "max_points", "message"}
-    seconds: float = 0.0
-
-    def row(self) -> dict:
-        return {
-            "student": self.student, "assignment": self.assignment, "points": f"{self.points:g}",
-            "max_points": f"{self.max_points:g}", "status": self.status, "reason": self.reason,
-            "tampered_cells": ";".join(self.tampered_cells),
-        }
-
+__all__ = ["CSV_COLUMNS", "Progress", "Result", "Task", "discover", "grade", "merge_gradebook", "summary_table",
+           "write_csv"]
 
 # ---------------------------------------------------------------------------------------------------------------
 # finding submissions
@@ -115,229 +83,6 @@ def discover(submissions: Path, course: Course, assignment: str | None) -> list[
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# one worker process
-
-_WORKER: dict = {}
-
-
-def _quiet_process(log_path: Path) -> None:
-    """Send this process's (and its kernels') stdout/stderr to a log file, keep nbgrader's logger off the terminal."""
-    import logging
-
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    logging.getLogger("traitlets").addHandler(logging.NullHandler())
-    warnings.filterwarnings("ignore")
-
-
-def _worker_init(template: str, work_root: str, out_dir: str, cell_timeout: float, course_root: str) -> None:
-    root = Path(tempfile.mkdtemp(prefix="worker-", dir=work_root))
-    _quiet_process(root.with_suffix(".log"))
-    os.environ.update(kernel_env([course_root]))
-    course_dir = root / "course"
-    shutil.copytree(template, course_dir)
-    from nbgrader.converters import Autograde
-    from nbgrader.preprocessors import Execute
-
-    from .course import nbgrader_api
-
-    defaults = Autograde.autograde_preprocessors.default()
-    preprocessors = [guarded_execute_class() if p is Execute else p for p in defaults]
-    api = nbgrader_api(course_dir, cell_timeout=cell_timeout, Autograde__autograde_preprocessors=preprocessors)
-    _WORKER.update(root=course_dir, api=api, out=Path(out_dir), timeout=cell_timeout, releases={}, sources={}, secrets={})
-
-
-def _release(aid: str):
-    import nbformat
-
-    if aid not in _WORKER["releases"]:
-        root = _WORKER["root"]
-        release = nbformat.read(root / RELEASE / aid / f"{aid}.ipynb", as_version=4)
-        source = nbformat.read(root / SOURCE / aid / f"{aid}.ipynb", as_version=4)
-        _WORKER["releases"][aid] = release
-        _WORKER["sources"][aid] = source
-        _WORKER["secrets"][aid] = fb.hidden_lines(source, release)
-    return _WORKER["releases"][aid], _WORKER["secrets"][aid]
-
-
-def _max_points(release) -> float:
-    return float(sum(nbgrader_meta(c).get("points", 0) for c in release.cells if nbgrader_meta(c).get("grade")))
-
-
-def _read_submission(path: str):
-    """The submitted notebook, or the reason it cannot be read."""
-    import nbformat
-
-    try:
-        raw = Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        return None, f"grading failed: notebook is not UTF-8 text ({exc.reason} at byte {exc.start})"
-    try:
-        json.loads(raw)
-    except json.JSONDecodeError as exc:
-        return None, f"grading failed: notebook is not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg})"
-    try:
-        nb = nbformat.reads(raw, as_version=4)
-        nbformat.validate(nb)
-    except Exception as exc:  # nbformat raises several kinds
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return None, f"grading failed: not a valid Jupyter notebook ({first[:200]})"
-    return nb, None
-
-
-def _unique_ids(nb) -> None:
-    seen = set()
-    for i, cell in enumerate(nb.cells):
-        if "id" in cell:
-            while cell.id in seen:
-                cell.id = f"{cell.id}-{i}"
-            seen.add(cell.id)
-
-
-def _failure_reason(result: dict, timeout: float) -> str:
-    rec = CURRENT
-    if rec.failure == "dead_kernel":
-        return (f"grading failed: the kernel died while running cell {rec.failure_cell} (the process was killed or "
-                "exited: os._exit, os.kill, a crash in native code or running out of memory); no score was recorded")
-    if rec.failure == "unresponsive":
-        return (f"grading failed: cell {rec.failure_cell} was still running after the {timeout:g} s limit and "
-                "ignored the interrupt (a loop that catches KeyboardInterrupt or ignores SIGINT?); the kernel was "
-                "stopped and no score was recorded")
-    text = (result.get("log") or "") + "\n" + (result.get("error") or "")
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and "Please see the" not in ln]
-    errors = [ln for ln in lines if "Error" in ln or "Exception" in ln] or lines or ["unknown error"]
-    return f"grading failed: nbgrader could not grade this notebook ({errors[-1][:300]})"
-
-
-def _outcomes(graded, scores: dict, secret: set[str]) -> list[fb.TestOutcome]:
-    outcomes = []
-    for cell in graded.cells:
-        meta = nbgrader_meta(cell)
-        gid = meta.get("grade_id")
-        if not meta.get("grade") or gid not in scores:
-            continue
-        points, max_points = scores[gid]
-        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
-        message = None
-        if errors:
-            message = fb.short_message(errors[-1].get("ename", "Error"), errors[-1].get("evalue", ""), secret)
-        elif points < max_points:
-            message = "no points"
-        outcomes.append(fb.TestOutcome(gid, points, max_points, message))
-    return outcomes
-
-
-def _other_errors(graded) -> list[str]:
-    """Errors in cells that are not test cells (answer cells, the student's own cells)."""
-    found = []
-    for i, cell in enumerate(graded.cells):
-        meta = nbgrader_meta(cell)
-        if meta.get("grade") or (meta.get("locked") and not meta.get("solution")):
-            continue
-        for out in cell.get("outputs", []):
-            if out.get("output_type") == "error" and out.get("ename") != "CellTimeoutError":
-                found.append(f"{cell_label(cell, i)} ({out.get('ename')})")
-    return found
-
-
-def _one_line(text: str, limit: int = 160) -> str:
-    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
-    return line if len(line) <= limit else line[:limit - 3] + "..."
-
-
-def _compose(parts: list[str]) -> str:
-    reason = "; ".join(p for p in parts if p)
-    return reason if len(reason) <= MAX_REASON else reason[:MAX_REASON - 3] + "..."
-
-
-def grade_task(task: Task) -> Result:
-    """Grade one submission in this worker process (see ``_worker_init``)."""
-    started = time.monotonic()
-    release, secret = _release(task.assignment)
-    max_points = _max_points(release)
-    result = Result(task.student, task.assignment, 0.0, max_points, "failed", task.problem or "")
-    summary_notes: list[str] = []
-    graded = None
-    try:
-        if task.problem is None:
-            graded = _grade_notebook(task, release, secret, result, summary_notes)
-    except Exception as exc:  # a bug or an nbgrader surprise: report it on this row, keep grading the others
-        result.status, result.points = "failed", 0.0
-        result.reason = f"grading failed: internal error {type(exc).__name__}: {str(exc)[:300]}"
-    outcomes = [fb.TestOutcome(**t) for t in result.tests]
-    summary = fb.Summary(task.student, task.assignment, result.points, max_points, result.status, result.reason,
-                         outcomes, summary_notes)
-    clean = fb.clean_notebook(graded, release, {o.grade_id: o for o in outcomes}, secret) if graded else None
-    page = _WORKER["out"] / "feedback" / task.student / f"{task.assignment}.html"
-    page.parent.mkdir(parents=True, exist_ok=True)
-    page.write_text(fb.render(summary, clean), encoding="utf-8")
-    result.seconds = time.monotonic() - started
-    return result
-
-
-def _grade_notebook(task: Task, release, secret, result: Result, notes: list[str]):
-    import nbformat
-    from nbgrader.api import Gradebook
-
-    from .tamper import repair
-
-    nb, problem = _read_submission(task.notebook)
-    if problem:
-        result.reason = problem
-        return None
-    repaired, report = repair(nb, release, _WORKER["sources"][task.assignment])
-    _unique_ids(repaired)
-    result.tampered_cells = report.tampered_cells
-    root, api = _WORKER["root"], _WORKER["api"]
-    submitted = root / "submitted" / task.student / task.assignment
-    autograded = root / "autograded" / task.student / task.assignment
-    for d in (submitted, autograded):
-        shutil.rmtree(d, ignore_errors=True)
-    submitted.mkdir(parents=True)
-    nbformat.write(repaired, submitted / f"{task.assignment}.ipynb")
-    reset_record()
-    outcome = api.autograde(task.assignment, task.student, force=True, create=True)
-    tamper_notes = report.notes()
-    try:
-        if not outcome.get("success"):
-            result.reason = _compose([_failure_reason(outcome, _WORKER["timeout"])] + tamper_notes)
-            notes.extend(tamper_notes)
-            for cell in repaired.cells:  # the feedback shows the code that was submitted, without outputs
-                if cell.cell_type == "code":
-                    cell.outputs, cell.execution_count = [], None
-            return repaired
-        graded = nbformat.read(autograded / f"{task.assignment}.ipynb", as_version=4)
-        with Gradebook(api.coursedir.db_url, api.coursedir.course_id) as gb:
-            sub = gb.find_submission_notebook(task.assignment, task.assignment, task.student)
-            scores = {g.name: (float(g.score), float(g.max_score)) for g in sub.grades}
-        outcomes = _outcomes(graded, scores, secret)
-        result.tests = [asdict(o) for o in outcomes]
-        result.points = float(sum(o.points for o in outcomes))
-        result.status = "ok"
-        parts = list(tamper_notes)
-        if CURRENT.timed_out:
-            parts.append(f"cells stopped after the {_WORKER['timeout']:g} s limit: {', '.join(CURRENT.timed_out)}")
-        if CURRENT.truncated:
-            parts.append(f"output cut in {', '.join(CURRENT.truncated)}")
-        notes.extend(parts)
-        others = _other_errors(graded)
-        if others:
-            parts.append(f"errors in other cells: {', '.join(others)}")
-        failed = [f"{o.grade_id} ({_one_line(o.message)})" for o in outcomes if o.message is not None]
-        if failed:
-            parts.append(f"failed tests: {', '.join(failed)}")
-        result.reason = _compose(parts)
-        return graded
-    finally:
-        shutil.rmtree(submitted.parent, ignore_errors=True)
-        shutil.rmtree(autograded.parent, ignore_errors=True)
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # the parent: run tasks, merge, report
 
 
@@ -372,37 +117,72 @@ def _context():
     return multiprocessing.get_context("spawn")
 
 
+def _failed(task: Task, reason: str) -> Result:
+    return Result(task.student, task.assignment, 0.0, _MAX_POINTS.get(task.assignment, 0.0), "failed", reason)
+
+
+_MAX_POINTS: dict[str, float] = {}
+
+
+def _pool_round(indices, tasks, jobs, initargs, on_result) -> list[int]:
+    """Grade ``indices`` with ``jobs`` processes; returns the ones lost because a worker process died."""
+    broken = []
+    workers = max(1, min(jobs, len(indices)))
+    pool = cf.ProcessPoolExecutor(workers, mp_context=_context(), initializer=init_worker, initargs=initargs)
+    try:
+        futures = {pool.submit(run_task, i, tasks[i]): i for i in indices}
+        for fut in cf.as_completed(futures):
+            i = futures[fut]
+            try:
+                on_result(i, fut.result())
+            except cf.process.BrokenProcessPool:
+                broken.append(i)
+            except Exception as exc:  # a bug in the grader: report it on this row
+                on_result(i, _failed(tasks[i], f"grading failed: internal error {type(exc).__name__}: {exc}"))
+    except BaseException:  # Ctrl-C: stop now, do not wait for the queued notebooks
+        processes = list((getattr(pool, "_processes", None) or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in processes:  # their kernels notice that their parent is gone and exit
+            proc.kill()
+        raise
+    pool.shutdown(wait=True)
+    return sorted(broken)
+
+
 def _run_pool(tasks, jobs, initargs, progress) -> list[Result]:
+    """Grade every task; survive a worker process that dies (student code can kill its kernel's parent).
+
+    When a worker dies, every unfinished task of its pool is lost with it. The notebooks that were being graded at
+    that moment (their markers are still in ``running/``) are suspects and are regraded alone, each in a pool of
+    its own; the others simply go into the next round. A suspect that kills its own pool too gets a failed row.
+    """
     results: dict[int, Result] = {}
-    pending = list(range(len(tasks)))
-    for attempt in range(2):
-        if not pending:
-            break
-        workers = max(1, min(jobs, len(pending)))
-        broken = []
-        with cf.ProcessPoolExecutor(workers, mp_context=_context(), initializer=_worker_init,
-                                    initargs=initargs) as pool:
-            futures = {pool.submit(grade_task, tasks[i]): i for i in pending}
-            for fut in cf.as_completed(futures):
-                i = futures[fut]
-                try:
-                    results[i] = fut.result()
-                except cf.process.BrokenProcessPool:
-                    broken.append(i)
-                    continue
-                except Exception as exc:
-                    t = tasks[i]
-                    results[i] = Result(t.student, t.assignment, 0.0, 0.0, "failed",
-                                        f"grading failed: internal error {type(exc).__name__}: {exc}")
-                r = results[i]
-                progress.update(len(results), f"{r.student}/{r.assignment}: {r.points:g}/{r.max_points:g} {r.status}")
-        pending = sorted(broken)
-        jobs = 1  # a second try, one at a time, for what was lost with a crashed worker
-    for i in pending:
-        t = tasks[i]
-        results[i] = Result(t.student, t.assignment, 0.0, 0.0, "failed",
-                            "grading failed: the grading process died while grading this notebook (twice)")
-        progress.update(len(results), f"{t.student}/{t.assignment}: failed")
+    running = Path(initargs[1]) / "running"
+    running.mkdir(exist_ok=True)
+
+    def on_result(i, result):
+        results[i] = result
+        progress.update(len(results), f"{result.student}/{result.assignment}: "
+                                      f"{result.points:g}/{result.max_points:g} {result.status}")
+
+    pending, suspects = list(range(len(tasks))), []
+    while pending or suspects:
+        if pending:
+            broken = _pool_round(pending, tasks, jobs, initargs, on_result)
+            marked = {int(p.name) for p in running.iterdir()}
+            for p in running.iterdir():
+                p.unlink()
+            caught = [i for i in broken if i in marked] or broken  # no marker: a worker died before any task
+            suspects += caught
+            pending = [i for i in broken if i not in caught]
+            continue
+        i = suspects.pop(0)
+        if _pool_round([i], tasks, 1, initargs, on_result):
+            on_result(i, _failed(tasks[i], "grading failed: the grading process was killed while running this "
+                                           "notebook (by the notebook's code, e.g. os.kill(os.getppid(), ...), or "
+                                           "out of memory)"))
+            for p in running.iterdir():
+                p.unlink()
     return [results[i] for i in range(len(tasks))]
 
 
@@ -462,10 +242,18 @@ def grade(submissions, course: Course, assignment: str | None = None, jobs: int 
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="autograder-grade-") as tmp:
         template = build_course_dir(course, assignments, Path(tmp) / "template")
+        for aid in assignments:
+            _MAX_POINTS[aid] = max_points(template / RELEASE / aid / f"{aid}.ipynb")
         progress = Progress(len(tasks), "grading")
         initargs = (str(template), tmp, str(out), cell_timeout, str(course.root))
         results = _run_pool(tasks, jobs, initargs, progress)
         merge_gradebook(template / "gradebook.db", out / "gradebook.db", results)
+    for r in results:  # rows made here (a grading process died) still get their page
+        page = out / "feedback" / r.student / f"{r.assignment}.html"
+        if not page.exists():
+            page.parent.mkdir(parents=True, exist_ok=True)
+            page.write_text(render(Summary(r.student, r.assignment, r.points, r.max_points, r.status, r.reason)),
+                            encoding="utf-8")
     results.sort(key=lambda r: (r.student, r.assignment))
     write_csv(out / "grades.csv", results)
     ok = sum(r.status == "ok" for r in results)

@@ -73,7 +73,7 @@ def test_solution_gets_full_marks(aid, graded):
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("aid", PARAMS)
 def test_untouched_release_gets_zero(aid, graded):
-    grades, out = graded
+    grades, _ = graded
     assert (COURSE.notebooks / aid / f"{aid}.ipynb").is_file(), f"notebooks/{aid} is missing: run release"
     row = grades[("release", aid)]
     assert row["status"] == "ok", row

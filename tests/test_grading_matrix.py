@@ -19,7 +19,7 @@ CELL_TIMEOUT = 5  # seconds; the demo's cells take milliseconds, the loops are m
 
 STUDENTS = [
     "good", "solution", "release", "partial", "invalid_json", "renamed", "missing_folder", "deleted_test",
-    "edited_tests", "stripped_metadata", "infinite_loop", "ignores_sigint", "kills_kernel", "sys_exit",
+    "edited_tests", "stripped_metadata", "infinite_loop", "ignores_sigint", "kills_kernel", "kills_grader", "sys_exit",
     "huge_output", "html_injection", "only_98",
 ]
 
@@ -40,18 +40,20 @@ EXPECTED = {
     "edited_tests": (3, "ok", ["edited read-only cells (restored before grading): test_mean_visible, test_mean",
                                "failed tests: test_mean (AssertionError"], "test_mean;test_mean_visible"),
     "stripped_metadata": (5, "ok", ["without nbgrader metadata", "add, mean, count_words"],
-                          "setup;test_add;test_add_visible;test_count_words;test_mean;test_mean_visible;"
-                          "test_mean_visible_2"),
+                          ("setup;test_add;test_add_visible;test_count_words;test_mean;test_mean_visible;"
+                           "test_mean_visible_2")),
     "infinite_loop": (3, "ok", [f"cells stopped after the {CELL_TIMEOUT} s limit: `test_count_words`"], ""),
     "ignores_sigint": (0, "failed", ["grading failed: cell `add` was still running after the 5 s limit",
                                      "ignored the interrupt"], ""),
     "kills_kernel": (0, "failed", ["grading failed: the kernel died while running cell `mean`"], ""),
+    "kills_grader": (0, "failed", ["grading failed: the grading process was killed while running this notebook"],
+                     ""),
     "sys_exit": (5, "ok", ["errors in other cells: `mean` (SystemExit)"], ""),
     "huge_output": (5, "ok", ["output cut in `mean`"], ""),
     "html_injection": (5, "ok", [], ""),
     # handed in the other assignment only (graded with --assignment 99_demo)
-    "only_98": (0, "failed", ["missing notebook: expected only_98/99_demo/99_demo.ipynb; there is no folder "
-                              "only_98/99_demo/ (only_98/ holds 98_workers/)"], ""),
+    "only_98": (0, "failed", [("missing notebook: expected only_98/99_demo/99_demo.ipynb; there is no folder "
+                               "only_98/99_demo/ (only_98/ holds 98_workers/)")], ""),
 }
 VARIANT = {"only_98": "worker_good"}
 
@@ -148,7 +150,7 @@ def test_summary_table(matrix):
     assert out.splitlines()[0].split() == ["student", "assignment", "points", "status", "reason"]
     for student in STUDENTS:
         assert any(line.startswith(student + " ") for line in out.splitlines()), student
-    assert f"Graded {len(STUDENTS)} notebooks" in out and "11 ok, 6 failed" in out
+    assert f"Graded {len(STUDENTS)} notebooks" in out and "11 ok, 7 failed" in out
 
 
 def test_nothing_left_running(matrix):

@@ -1,0 +1,293 @@
+"""Grading one submission, inside a grader worker process.
+
+A worker copies the template nbgrader course (release + gradebook) into a directory of its own, then grades
+submissions one at a time (``grade_task``): read the notebook, compare it with the release and repair it
+(``tamper.repair``), run ``nbgrader autograde`` in-process with our guarded ``Execute`` preprocessor, read the
+scores from its gradebook, and write the student's feedback page. Anything that goes wrong becomes the ``status``
+and ``reason`` of that one result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import feedback as fb
+from .course import RELEASE, SOURCE
+from .execute import CURRENT, cell_label, guarded_execute_class, kernel_env, nbgrader_meta, reset_record
+
+CSV_COLUMNS = ["student", "assignment", "points", "max_points", "status", "reason", "tampered_cells"]
+MAX_REASON = 1000
+
+
+@dataclass
+class Task:
+    student: str
+    assignment: str
+    notebook: str | None          # path of the submitted notebook, None when it is missing
+    problem: str | None = None    # why it cannot be graded (missing notebook)
+
+
+@dataclass
+class Result:
+    student: str
+    assignment: str
+    points: float
+    max_points: float
+    status: str                   # "ok" or "failed"
+    reason: str
+    tampered_cells: list[str] = field(default_factory=list)
+    tests: list[dict] = field(default_factory=list)   # {"grade_id", "points", "max_points", "message"}
+    seconds: float = 0.0
+
+    def row(self) -> dict:
+        return {
+            "student": self.student, "assignment": self.assignment, "points": f"{self.points:g}",
+            "max_points": f"{self.max_points:g}", "status": self.status, "reason": self.reason,
+            "tampered_cells": ";".join(self.tampered_cells),
+        }
+
+
+_WORKER: dict = {}
+
+
+def _quiet_process(log_path: Path) -> None:
+    """Send this process's (and its kernels') stdout/stderr to a log file, keep nbgrader's logger off the terminal."""
+    import logging
+
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    logging.getLogger("traitlets").addHandler(logging.NullHandler())
+    warnings.filterwarnings("ignore")
+
+
+def init_worker(template: str, work_root: str, out_dir: str, cell_timeout: float, course_root: str) -> None:
+    root = Path(tempfile.mkdtemp(prefix="worker-", dir=work_root))
+    _quiet_process(root.with_suffix(".log"))
+    os.environ.update(kernel_env([course_root]))
+    # this process's temporary files (the kernels' connection files among them) go with the grading run's
+    # directory, even when this process is killed before it can clean up; the kernels keep the usual TMPDIR
+    tempfile.tempdir = str(root)
+    course_dir = root / "course"
+    shutil.copytree(template, course_dir)
+    from nbgrader.converters import Autograde
+    from nbgrader.preprocessors import Execute
+
+    from .course import nbgrader_api
+
+    defaults = Autograde.autograde_preprocessors.default()
+    preprocessors = [guarded_execute_class() if p is Execute else p for p in defaults]
+    api = nbgrader_api(course_dir, cell_timeout=cell_timeout, Autograde__autograde_preprocessors=preprocessors)
+    _WORKER.update(root=course_dir, api=api, out=Path(out_dir), timeout=cell_timeout,
+                   releases={}, sources={}, secrets={}, running=Path(work_root) / "running")
+
+
+def _release(aid: str):
+    import nbformat
+
+    if aid not in _WORKER["releases"]:
+        root = _WORKER["root"]
+        release = nbformat.read(root / RELEASE / aid / f"{aid}.ipynb", as_version=4)
+        source = nbformat.read(root / SOURCE / aid / f"{aid}.ipynb", as_version=4)
+        _WORKER["releases"][aid] = release
+        _WORKER["sources"][aid] = source
+        _WORKER["secrets"][aid] = fb.hidden_lines(source, release)
+    return _WORKER["releases"][aid], _WORKER["secrets"][aid]
+
+
+def max_points(release) -> float:
+    """Total points of a release notebook (a path or a notebook)."""
+    if isinstance(release, (str, Path)):
+        release = json.loads(Path(release).read_text(encoding="utf-8"))
+    cells = release["cells"]
+    return float(sum(nbgrader_meta(c).get("points", 0) for c in cells if nbgrader_meta(c).get("grade")))
+
+
+def _read_submission(path: str):
+    """The submitted notebook, or the reason it cannot be read."""
+    import nbformat
+
+    try:
+        raw = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        return None, f"grading failed: notebook is not UTF-8 text ({exc.reason} at byte {exc.start})"
+    try:
+        json.loads(raw)
+    except json.JSONDecodeError as exc:
+        return None, f"grading failed: notebook is not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg})"
+    try:
+        nb = nbformat.reads(raw, as_version=4)
+        nbformat.validate(nb)
+    except Exception as exc:  # nbformat raises several kinds
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return None, f"grading failed: not a valid Jupyter notebook ({first[:200]})"
+    return nb, None
+
+
+def _unique_ids(nb) -> None:
+    seen = set()
+    for i, cell in enumerate(nb.cells):
+        if "id" in cell:
+            while cell.id in seen:
+                cell.id = f"{cell.id}-{i}"
+            seen.add(cell.id)
+
+
+def _failure_reason(result: dict, timeout: float) -> str:
+    rec = CURRENT
+    if rec.failure == "dead_kernel":
+        return (f"grading failed: the kernel died while running cell {rec.failure_cell} (the process was killed or "
+                "exited: os._exit, os.kill, a crash in native code or running out of memory); no score was recorded")
+    if rec.failure == "unresponsive":
+        return (f"grading failed: cell {rec.failure_cell} was still running after the {timeout:g} s limit and "
+                "ignored the interrupt (a loop that catches KeyboardInterrupt or ignores SIGINT?); the kernel was "
+                "stopped and no score was recorded")
+    text = (result.get("log") or "") + "\n" + (result.get("error") or "")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and "Please see the" not in ln]
+    errors = [ln for ln in lines if "Error" in ln or "Exception" in ln] or lines or ["unknown error"]
+    return f"grading failed: nbgrader could not grade this notebook ({errors[-1][:300]})"
+
+
+def _outcomes(graded, scores: dict, secret: set[str]) -> list[fb.TestOutcome]:
+    outcomes = []
+    for cell in graded.cells:
+        meta = nbgrader_meta(cell)
+        gid = meta.get("grade_id")
+        if not meta.get("grade") or gid not in scores:
+            continue
+        points, full = scores[gid]
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        message = None
+        if errors:
+            message = fb.short_message(errors[-1].get("ename", "Error"), errors[-1].get("evalue", ""), secret)
+        elif points < full:
+            message = "no points"
+        outcomes.append(fb.TestOutcome(gid, points, full, message))
+    return outcomes
+
+
+def _other_errors(graded) -> list[str]:
+    """Errors in cells that are not test cells (answer cells, the student's own cells)."""
+    found = []
+    for i, cell in enumerate(graded.cells):
+        meta = nbgrader_meta(cell)
+        if meta.get("grade") or (meta.get("locked") and not meta.get("solution")):
+            continue
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error" and out.get("ename") != "CellTimeoutError":
+                found.append(f"{cell_label(cell, i)} ({out.get('ename')})")
+    return found
+
+
+def _one_line(text: str, limit: int = 160) -> str:
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+def _compose(parts: list[str]) -> str:
+    reason = "; ".join(p for p in parts if p)
+    return reason if len(reason) <= MAX_REASON else reason[:MAX_REASON - 3] + "..."
+
+
+def run_task(index: int, task: Task) -> Result:
+    """``grade_task`` with a marker file in ``running/`` while it runs (see ``grading._run_pool``)."""
+    marker = _WORKER["running"] / str(index)
+    marker.touch()
+    try:
+        return grade_task(task)
+    finally:
+        marker.unlink(missing_ok=True)
+
+
+def grade_task(task: Task) -> Result:
+    """Grade one submission in this worker process (see ``init_worker``)."""
+    started = time.monotonic()
+    release, secret = _release(task.assignment)
+    total = max_points(release)
+    result = Result(task.student, task.assignment, 0.0, total, "failed", task.problem or "")
+    summary_notes: list[str] = []
+    graded = None
+    try:
+        if task.problem is None:
+            graded = _grade_notebook(task, release, secret, result, summary_notes)
+    except Exception as exc:  # a bug or an nbgrader surprise: report it on this row, keep grading the others
+        result.status, result.points = "failed", 0.0
+        result.reason = f"grading failed: internal error {type(exc).__name__}: {str(exc)[:300]}"
+    outcomes = [fb.TestOutcome(**t) for t in result.tests]
+    summary = fb.Summary(task.student, task.assignment, result.points, total, result.status, result.reason,
+                         outcomes, summary_notes)
+    clean = fb.clean_notebook(graded, release, {o.grade_id: o for o in outcomes}, secret) if graded else None
+    page = _WORKER["out"] / "feedback" / task.student / f"{task.assignment}.html"
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text(fb.render(summary, clean), encoding="utf-8")
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _grade_notebook(task: Task, release, secret, result: Result, notes: list[str]):
+    import nbformat
+    from nbgrader.api import Gradebook
+
+    from .tamper import repair
+
+    nb, problem = _read_submission(task.notebook)
+    if problem:
+        result.reason = problem
+        return None
+    repaired, report = repair(nb, release, _WORKER["sources"][task.assignment])
+    _unique_ids(repaired)
+    result.tampered_cells = report.tampered_cells
+    root, api = _WORKER["root"], _WORKER["api"]
+    submitted = root / "submitted" / task.student / task.assignment
+    autograded = root / "autograded" / task.student / task.assignment
+    for d in (submitted, autograded):
+        shutil.rmtree(d, ignore_errors=True)
+    submitted.mkdir(parents=True)
+    nbformat.write(repaired, submitted / f"{task.assignment}.ipynb")
+    reset_record()
+    outcome = api.autograde(task.assignment, task.student, force=True, create=True)
+    tamper_notes = report.notes()
+    try:
+        if not outcome.get("success"):
+            result.reason = _compose([_failure_reason(outcome, _WORKER["timeout"])] + tamper_notes)
+            notes.extend(tamper_notes)
+            for cell in repaired.cells:  # the feedback shows the code that was submitted, without outputs
+                if cell.cell_type == "code":
+                    cell.outputs, cell.execution_count = [], None
+            return repaired
+        graded = nbformat.read(autograded / f"{task.assignment}.ipynb", as_version=4)
+        with Gradebook(api.coursedir.db_url, api.coursedir.course_id) as gb:
+            sub = gb.find_submission_notebook(task.assignment, task.assignment, task.student)
+            scores = {g.name: (float(g.score), float(g.max_score)) for g in sub.grades}
+        outcomes = _outcomes(graded, scores, secret)
+        result.tests = [asdict(o) for o in outcomes]
+        result.points = float(sum(o.points for o in outcomes))
+        result.status = "ok"
+        parts = list(tamper_notes)
+        if CURRENT.timed_out:
+            parts.append(f"cells stopped after the {_WORKER['timeout']:g} s limit: {', '.join(CURRENT.timed_out)}")
+        if CURRENT.truncated:
+            parts.append(f"output cut in {', '.join(CURRENT.truncated)}")
+        notes.extend(parts)
+        others = _other_errors(graded)
+        if others:
+            parts.append(f"errors in other cells: {', '.join(others)}")
+        failed = [f"{o.grade_id} ({_one_line(o.message)})" for o in outcomes if o.message is not None]
+        if failed:
+            parts.append(f"failed tests: {', '.join(failed)}")
+        result.reason = _compose(parts)
+        return graded
+    finally:
+        shutil.rmtree(submitted.parent, ignore_errors=True)
+        shutil.rmtree(autograded.parent, ignore_errors=True)
