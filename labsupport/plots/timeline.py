@@ -78,6 +78,11 @@ def _field(ev, name):
     return ev[name] if isinstance(ev, dict) else getattr(ev, name)
 
 
+def _band(n_lanes: int) -> float:
+    """Height of a rank's communication band: a lane per call in flight at once, at most 1.8 units in all."""
+    return min(0.45 * n_lanes, 1.8)
+
+
 def plot_timeline(runs, title: str | None = None, unit: str = "ms", show_hidden: bool = True):
     """Gantt chart of compute and communication per rank.
 
@@ -113,7 +118,7 @@ def plot_timeline(runs, title: str | None = None, unit: str = "ms", show_hidden:
             ranks.append((comp, list(zip(comm, lanes)), n_lanes if comm else 0, hidden))
         layout.append(ranks)
 
-    heights = [sum(1.0 + 0.45 * r[2] + 0.4 for r in ranks) for ranks in layout]
+    heights = [sum(1.0 + _band(r[2]) + 0.4 for r in ranks) for ranks in layout]
     fig, axes = plt.subplots(len(runs), 1, figsize=(11, 0.9 + 0.55 * sum(heights)), sharex=True,
                              gridspec_kw={"height_ratios": heights}, squeeze=False)
     cache, seen = {}, {}
@@ -123,12 +128,13 @@ def plot_timeline(runs, title: str | None = None, unit: str = "ms", show_hidden:
         for rank in reversed(range(len(ranks))):
             comp, comm, n_lanes, hidden = ranks[rank]
             for i, ((s, e, name), lane) in enumerate(comm):
-                ax.broken_barh([(s, max(e - s, 1e-9))], (y + 0.45 * lane + 0.05, 0.35), color=_COMM_COLOUR,
-                               alpha=0.8, edgecolor="white", linewidth=0.4)
+                lane_h = _band(n_lanes) / n_lanes
+                ax.broken_barh([(s, max(e - s, 1e-9))], (y + lane_h * lane + 0.05, 0.8 * lane_h),
+                               color=_COMM_COLOUR, alpha=0.8, edgecolor="white", linewidth=0.4)
                 x_max = max(x_max, e)
             if comm:
                 seen.setdefault("communication in flight", Patch(color=_COMM_COLOUR, alpha=0.8))
-            base = y + 0.45 * n_lanes + 0.05
+            base = y + _band(n_lanes) + 0.05
             for name, s, e, kind in comp:
                 if kind == "wait":  # blocked until communication completes: not useful compute
                     ax.broken_barh([(s, max(e - s, 1e-9))], (base, 0.8), facecolor="#DDDDDD", edgecolor="#888888",
@@ -145,7 +151,7 @@ def plot_timeline(runs, title: str | None = None, unit: str = "ms", show_hidden:
                 if (e - s) > 0.06 * max(x_max, e, 1e-9):
                     ax.text((s + e) / 2, base + 0.4, name, ha="center", va="center", fontsize=7, color=text_colour)
                 x_max = max(x_max, e)
-            ticks.append(y + (0.45 * n_lanes + 0.85) / 2)
+            ticks.append(y + (_band(n_lanes) + 0.85) / 2)
             label = f"rank {rank}"
             if show_hidden and hidden is not None:
                 label += f"\n{100 * hidden:.0f}% of comm hidden"
@@ -329,6 +335,11 @@ def plot_bucket_layout(buckets, cap_bytes: float, measured=None, title: str | No
         ax.text(x, y + 1.0, ", ".join(name for name, _ in bucket), fontsize=6, rotation=20, va="bottom", ha="left")
         x += size
     total = x
+    # a ruler as long as the cap, so "this bucket is full" can be seen
+    ax.annotate("", xy=(0, -0.3), xytext=(min(cap_bytes, total), -0.3),
+                arrowprops={"arrowstyle": "|-|", "color": "#555555", "lw": 1})
+    ax.text(min(cap_bytes, total) / 2, -0.25, f"cap {cap_bytes:.0f} B", ha="center", va="bottom", fontsize=7,
+            color="#555555")
     if measured is not None:
         x = 0
         for j, n in enumerate(measured):
@@ -339,7 +350,7 @@ def plot_bucket_layout(buckets, cap_bytes: float, measured=None, title: str | No
         ax.text(-0.01 * total, 0.5, "all-reduces\nmeasured", ha="right", va="center", fontsize=8)
         ax.text(-0.01 * total, rows - 0.5, "buckets\nexpected", ha="right", va="center", fontsize=8)
     ax.set_xlim(0, max(total, x) * 1.01 or 1)
-    ax.set_ylim(0, rows + 0.9)
+    ax.set_ylim(-0.45, rows + 0.9)
     ax.set_yticks([])
     ax.set_xlabel(f"bytes, in the order gradients become ready (reverse registration); cap = {cap_bytes:.0f} B "
                   "per bucket")
