@@ -263,17 +263,22 @@ class Hierarchical:
 class SharedHost:
     """All ranks on one host with ``cores`` CPU cores, talking over loopback (this course's laptop setting).
 
-    A loopback "link" is the CPU copying bytes, so when more ranks than cores are busy they take turns: every
-    message costs ``alpha + n beta`` scaled by ``max(1, world_size / cores)``. ``alpha`` and ``beta`` are what a
-    two-rank ping-pong measures.
+    On loopback a "link" is the CPU copying bytes: into the kernel on the sending side and out of it on the
+    receiving side, so every message keeps about two cores busy (``copies_per_message``). ``alpha`` and ``beta``
+    are what a two-rank ping-pong measures, one message at a time. When a step has k messages in flight at once,
+    they need ``copies_per_message * k`` cores; with fewer cores they take turns, and every message of the step
+    costs ``alpha + n beta`` times ``max(1, copies_per_message * k / cores)``.
     """
 
     alpha: float
     beta: float
     cores: int
+    copies_per_message: float = 2.0
 
     def links(self, src, dst, world_size):
-        slow = max(1.0, world_size / self.cores)
+        # messages through one rank's port run one after another: count the ones that can run at the same time
+        concurrent = min(len(np.unique(src)), len(np.unique(dst)))
+        slow = max(1.0, self.copies_per_message * concurrent / self.cores)
         return np.full(src.shape, self.alpha * slow), np.full(src.shape, self.beta * slow)
 
 
