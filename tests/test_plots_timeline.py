@@ -88,3 +88,44 @@ def test_plot_step_sweep_and_loss_curves():
     assert len(fig.axes[0].lines[0].get_xdata()) == 2  # the missing point is skipped
     fig = plots.plot_loss_curves({"sync": [1.0, 0.5], "stale": [1.0, 2.0]})
     assert isinstance(fig, Figure) and len(fig.axes[0].lines) == 2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# labsupport.dp: the one-process DP step behind the memory plot
+
+
+def test_dp_step_trains_like_one_process_and_loads_the_master():
+    import copy
+
+    import torch
+    import torch.nn.functional as F
+
+    from labsupport import dp
+
+    torch.manual_seed(0)
+    tokens, targets = torch.randint(0, 50, (8, 5)), torch.randint(0, 50, (8, 5))
+    master = dp.TinyLM(vocab=50, dim=8, hidden=16)
+    single = copy.deepcopy(master)
+    report = dp.dp_step(master, torch.optim.Adam(master.parameters(), lr=0.01), tokens, targets, num_replicas=4)
+    opt = torch.optim.Adam(single.parameters(), lr=0.01)
+    F.cross_entropy(single(tokens).flatten(0, -2), targets.flatten()).backward()
+    opt.step()
+    for a, b in zip(master.parameters(), single.parameters()):
+        torch.testing.assert_close(a, b)
+    assert len(report.bytes) == 4 and len(report.seconds) == 4
+    assert report.total(0) > 2 * report.total(1)
+    assert report.bytes[1]["optimizer state"] == 0 and report.bytes[0]["optimizer state"] > 0
+    assert report.seconds[1]["master only"] == 0 and report.seconds[0]["master only"] > 0
+
+
+def test_ddp_rank_report_is_level():
+    import torch
+
+    import labsupport
+    from labsupport import dp
+
+    tokens, targets = torch.randint(0, 50, (8, 5)), torch.randint(0, 50, (8, 5))
+    reports = labsupport.run(dp.ddp_rank_report, dp.TinyLM, tokens, targets, world_size=2)
+    assert reports[0]["bytes"] == reports[1]["bytes"]
+    params = reports[0]["bytes"]["parameters"]
+    assert 2 * params <= reports[0]["bytes"]["optimizer state"] <= 2 * params + 1024  # Adam: two moments + steps
