@@ -54,11 +54,13 @@ class Timeline:
         self.origin = time.perf_counter() if origin is None else origin
         self.events: list[Event] = []
         self._inflight: list = []  # (name, start, work) of tracked calls not yet complete
+        self._no_future: set = set()  # ids of tracked works whose backend gives no future
         self._lock = threading.Lock()
 
     def __getstate__(self):  # picklable (a worker may return the Timeline itself): drop what cannot travel
         state = dict(self.__dict__)
         state["_inflight"] = []
+        state["_no_future"] = set()
         state["_lock"] = None
         return state
 
@@ -106,7 +108,8 @@ class Timeline:
             self._inflight.append((name, start, work))
         try:
             fut = work.get_future()
-        except Exception:  # no future on this backend: closed by finish()
+        except Exception:  # no future on this backend: closed by finish(), when its wait returns
+            self._no_future.add(id(work))
             return work
 
         def done(_fut, name=name, start=start, work=work):
@@ -131,13 +134,17 @@ class Timeline:
                 work.wait()
             except Exception:
                 pass
-        time.sleep(0)  # let completion callbacks of other threads run
+            if id(work) in self._no_future:
+                with self._lock:
+                    self._close(name, start, work, self.now())
+        # completion callbacks run on the backend's threads, a moment after wait() returns
         deadline = time.perf_counter() + 1.0
         while self._inflight and time.perf_counter() < deadline:
-            time.sleep(0.001)
+            time.sleep(0.0005)
         with self._lock:
             for name, start, work in list(self._inflight):
                 self._close(name, start, work, self.now())
+            self._no_future.clear()
         self.events.sort(key=lambda e: e.start)
         return self.events
 

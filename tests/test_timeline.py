@@ -132,3 +132,27 @@ def timeline_inside_counter_exit_order():
 
 def test_collectives_survives_counter_leaving_first():
     assert labsupport.run(timeline_inside_counter_exit_order, world_size=2) == [0, 0]
+
+
+class _NoFuture:
+    """A work handle from a backend without futures."""
+
+    def __init__(self):
+        self.waited = False
+
+    def get_future(self):
+        raise RuntimeError("not supported by this backend")
+
+    def wait(self):
+        self.waited = True
+        return True
+
+
+def test_track_without_a_future_closes_at_finish_without_delay():
+    tl = Timeline()
+    work = _NoFuture()
+    assert tl.track(work, "old backend") is work
+    start = time.perf_counter()
+    events = tl.finish()
+    assert time.perf_counter() - start < 0.5
+    assert work.waited and [(e.name, e.kind) for e in events] == [("old backend", "comm")]
