@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     try:
         if args.command == "release":
             from .course import release
-            from .grading import Progress
+            from .progress import Progress
 
             course = Course.at(args.course)
             ids = course.select(args.assignment)

@@ -15,6 +15,7 @@ from pathlib import Path
 from .course import CourseError
 from .execute import cell_label, has_visible_code, kernel_env, nbgrader_meta, run_notebook
 from .nbgrader_config import CELL_TIMEOUT
+from .progress import Progress
 
 
 @dataclass
@@ -65,7 +66,9 @@ def check(path, timeout: float = CELL_TIMEOUT, stream=None) -> int:
     print(f"Checking {path} in a fresh kernel (this runs every cell; it can take a minute)...", file=stream,
           flush=True)
     folder = path.resolve().parent
-    record = run_notebook(nb, folder, timeout, env=kernel_env([folder.parent.parent]))
+    progress = Progress(len(nb.cells), "running", plain=False)
+    record = run_notebook(nb, folder, timeout, env=kernel_env([folder.parent.parent]), progress=progress)
+    progress.close()
 
     width = max(len(e.name) for e in found)
     total = sum(e.points for e in found)

@@ -38,7 +38,13 @@ class Course:
 
     @classmethod
     def at(cls, root: str | os.PathLike | None) -> Course:
-        path = Path(root).resolve() if root is not None else repository_root()
+        """The course at ``root``; by default this repository, or the current directory if only it has
+        ``solutions/`` (the package installed elsewhere, run from a clone)."""
+        if root is None:
+            root = repository_root()
+            if not (root / SOURCE).is_dir() and (Path.cwd() / SOURCE).is_dir():
+                root = Path.cwd()
+        path = Path(root).resolve()
         if not path.is_dir():
             raise CourseError(f"course directory {path} does not exist")
         return cls(path)

@@ -157,7 +157,7 @@ def kernel_env(extra_paths=()) -> dict:
     return env
 
 
-def run_notebook(nb, cwd: Path, timeout: float, env: dict | None = None):
+def run_notebook(nb, cwd: Path, timeout: float, env: dict | None = None, progress=None):
     """Execute ``nb`` in place in a fresh kernel (``cwd`` as working directory); returns the ``RunRecord``.
 
     Errors in cells do not stop the run; a cell past ``timeout`` seconds is interrupted and the run goes on. The
@@ -169,6 +169,8 @@ def run_notebook(nb, cwd: Path, timeout: float, env: dict | None = None):
         async def async_execute_cell(self, cell, cell_index, execution_count=None, store_history=True):
             label = cell_label(cell, cell_index)
             CURRENT.running = label
+            if progress is not None:
+                progress.update(cell_index, label)
             try:
                 cell = await super().async_execute_cell(cell, cell_index, execution_count, store_history)
             except BaseException as exc:

@@ -29,6 +29,7 @@ from pathlib import Path
 from .course import RELEASE, Course, CourseError, build_course_dir
 from .feedback import Summary, render
 from .nbgrader_config import CELL_TIMEOUT
+from .progress import Progress
 from .worker import CSV_COLUMNS, Result, Task, init_worker, max_points, run_task
 
 __all__ = ["CSV_COLUMNS", "Progress", "Result", "Task", "discover", "grade", "merge_gradebook", "summary_table",
@@ -84,29 +85,6 @@ def discover(submissions: Path, course: Course, assignment: str | None) -> list[
 
 # ---------------------------------------------------------------------------------------------------------------
 # the parent: run tasks, merge, report
-
-
-class Progress:
-    """A tiny progress bar on stderr: redrawn in place on a terminal, one plain line per step otherwise."""
-
-    def __init__(self, total: int, label: str, stream=None):
-        self.total, self.label = total, label
-        self.stream = stream or sys.stderr
-        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.start = time.monotonic()
-
-    def update(self, done: int, text: str = "") -> None:
-        elapsed = time.monotonic() - self.start
-        if self.tty:
-            width = 24
-            filled = int(width * done / max(self.total, 1))
-            line = f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} {elapsed:5.0f}s {text}"
-            self.stream.write(line[:120].ljust(120))
-            if done >= self.total:
-                self.stream.write("\n")
-        else:
-            self.stream.write(f"{self.label} {done}/{self.total} ({elapsed:.0f}s) {text}\n")
-        self.stream.flush()
 
 
 def _context():

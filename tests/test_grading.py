@@ -84,6 +84,18 @@ def test_check_not_a_notebook(tmp_path):
     _one_line_error(demo.cli("check", path), "cannot read")
 
 
+def test_nbgrader_config_file_maps_the_course():
+    """nbgrader itself can load autograder/nbgrader_config.py: solutions/ is the source, notebooks/ the release."""
+    from traitlets.config.loader import PyFileConfigLoader
+
+    path = demo.REPO / "autograder" / "nbgrader_config.py"
+    cfg = PyFileConfigLoader(path.name, path=str(path.parent)).load_config()
+    assert cfg.CourseDirectory.root == str(demo.REPO)
+    assert (cfg.CourseDirectory.source_directory, cfg.CourseDirectory.release_directory) == ("solutions", "notebooks")
+    assert cfg.Execute.timeout >= 120 and cfg.Execute.interrupt_on_timeout
+    assert cfg.OverwriteCells.add_missing_cells is True
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # release
 
