@@ -245,7 +245,7 @@ def _grad_mismatch(model, oracle, local_grads, world: int, what: str):
 
 
 def _probe_broadcast(fn, seed: int, src):
-    rank, world = _rank_world()
+    rank, _ = _rank_world()
     model = _make_model(seed + 1000 * rank)
     model.seen.fill_(rank)  # integer buffers differ too
     actual_src = 0 if src is None else src
