@@ -245,3 +245,28 @@ def test_repair_drops_unknown_and_duplicate_ids():
     fixed, report = repair(nb, demo.release(), demo.solution())
     assert report.unknown_ids == ["bogus"] and report.duplicates == ["add"]
     assert _ids(fixed).count("add") == 1 and "bogus" not in _ids(fixed)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# reading a submission (no kernels)
+
+
+def test_reading_submissions(tmp_path):
+    """Small slips in the notebook format are mended; files that are not notebooks get a precise reason."""
+    import json
+
+    from autograder.worker import _read_submission
+
+    nb = json.loads((COURSE / "notebooks" / "99_demo" / "99_demo.ipynb").read_text())
+    nb["cells"][1]["stray_key"] = 1
+    del nb["cells"][2]["id"]
+    del nb["cells"][1]["outputs"]
+    cases = {"slips": json.dumps(nb), "empty": "", "list": "[]", "cut": json.dumps(nb)[:-50]}
+    got = {}
+    for name, text in cases.items():
+        (tmp_path / name).write_text(text)
+        got[name] = _read_submission(str(tmp_path / name))
+    assert got["slips"][1] is None and len(got["slips"][0].cells) == len(nb["cells"])
+    assert got["empty"][1] == "grading failed: the notebook file is empty (0 bytes of JSON)"
+    assert got["list"][1] == "grading failed: the file is JSON but not a Jupyter notebook (it has no cells)"
+    assert got["cut"][1].startswith("grading failed: notebook is not valid JSON (line ")
