@@ -102,23 +102,24 @@ def test_correct_alternative_passes(check, fn):
     check(fn)
 
 
-def _big_reference_all_reduce(numel, segments):
+def _big_reference_all_reduce(numel, rs_segments, ag_segments):
     torch.manual_seed(dist.get_rank())
     x = torch.randn(numel, dtype=torch.float64)
     want = x.clone()
     dist.all_reduce(want)
-    R.reference_ring_all_reduce(x, segments=segments)
+    R.reference_ring_all_reduce(x, rs_segments=rs_segments, ag_segments=ag_segments)
     y = torch.randn(3, numel // 3, dtype=torch.float64).t()  # non-contiguous input
     want_y = y.clone()
     dist.all_reduce(want_y)
-    R.reference_ring_all_reduce(y, segments=segments)
+    R.reference_ring_all_reduce(y, rs_segments=rs_segments, ag_segments=ag_segments)
     return torch.allclose(x, want) and torch.allclose(y, want_y)
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_reference_all_reduce_pipelined_segments(world_size):
     """The benchmark's pipelined ring (several segments per chunk) is exact too, also for strided tensors."""
-    assert all(labsupport.run(_big_reference_all_reduce, 300_007 * 3, 5, world_size=world_size, timeout=60))
+    assert all(labsupport.run(_big_reference_all_reduce, 300_007 * 3, 3, 5, world_size=world_size, timeout=60))
+    assert all(labsupport.run(_big_reference_all_reduce, 300_007 * 3, 1, None, world_size=world_size, timeout=60))
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -96,12 +96,19 @@ def _buffer(numel, dtype, device, slot):
     return buf[:numel]
 
 
-def reference_ring_all_reduce(tensor, segments: int | None = None, min_segment_bytes: int = 1 << 18):
+def reference_ring_all_reduce(tensor, rs_segments: int = 1, ag_segments: int | None = None):
     """Sum ``tensor`` over ranks in place with a ring: reduce-scatter then all-gather, neighbours only.
 
-    Tuned for gloo on CPU: chunks are contiguous views of the tensor (no copies), receive buffers are reused
-    between calls, and each chunk is split into ``segments`` pieces so that adding piece k overlaps with
-    receiving piece k+1 and with sending the pieces already added (a pipelined ring).
+    Tuned for gloo on CPU (see ``benchmarks/ring.py``):
+
+    * chunks are contiguous views of the tensor, so nothing is copied except by the transport;
+    * every receive of a phase is posted up front, into receive buffers kept between calls (fresh memory for
+      tens of MiB costs page faults comparable to the copy itself), so data keeps flowing round the ring while a
+      rank adds;
+    * the all-gather cuts each chunk into ``ag_segments`` pieces and forwards a piece as soon as it has arrived,
+      so the N-1 hops overlap instead of following one another (default: 4 pieces for chunks of 1 MiB or more).
+      The reduce-scatter keeps whole chunks (``rs_segments=1``): measured here, smaller pieces there cost more in
+      per-message overhead than the overlap gains.
     """
     import torch.distributed as dist
 
@@ -112,34 +119,36 @@ def reference_ring_all_reduce(tensor, segments: int | None = None, min_segment_b
     chunks = flat.tensor_split(n)
     right, left = (r + 1) % n, (r - 1) % n
     biggest = chunks[0].numel()
-    if segments is None:
-        segments = max(1, min(8, biggest * flat.element_size() // min_segment_bytes))
-    bufs = [_buffer(biggest, flat.dtype, flat.device, i) for i in range(2)]
+    if ag_segments is None:
+        ag_segments = 4 if biggest * flat.element_size() >= 1 << 20 else 1
 
-    # reduce-scatter, pipelined: a piece is forwarded as soon as it has been added to
-    sends = [dist.isend(piece, right) for piece in chunks[(r - 1) % n].tensor_split(segments)]
-    for step in range(n - 1):
-        target = chunks[(r - step - 2) % n]
-        incoming = bufs[step % 2][: target.numel()].tensor_split(segments)
-        pieces = target.tensor_split(segments)
-        recvs = [dist.irecv(piece, left) for piece in incoming]
-        forwards = []
-        for k in range(segments):
-            recvs[k].wait()
-            pieces[k].add_(incoming[k])
-            if step < n - 2:
-                forwards.append(dist.isend(pieces[k], right))
-        for req in sends:
-            req.wait()
-        sends = forwards
+    # reduce-scatter: in step s the piece that arrives is added into chunk (r - s - 2), then forwarded
+    targets = [chunks[(r - s - 2) % n].tensor_split(rs_segments) for s in range(n - 1)]
+    incoming = [
+        _buffer(biggest, flat.dtype, flat.device, s)[: chunks[(r - s - 2) % n].numel()].tensor_split(rs_segments)
+        for s in range(n - 1)
+    ]
+    recvs = [[dist.irecv(piece, left) for piece in step] for step in incoming]
+    sends = [dist.isend(piece, right) for piece in chunks[(r - 1) % n].tensor_split(rs_segments)]
+    for s in range(n - 1):
+        for k in range(rs_segments):
+            recvs[s][k].wait()
+            targets[s][k].add_(incoming[s][k])
+            if s < n - 2:
+                sends.append(dist.isend(targets[s][k], right))
 
-    # all-gather: received chunks land directly in place
-    for step in range(n - 1):
-        sends.append(dist.isend(chunks[(r - step) % n], right))
-        dist.irecv(chunks[(r - step - 1) % n], left).wait()
+    # all-gather: in step s chunk (r - s - 1) arrives straight into place, piece by piece, and is forwarded
+    gathered = [chunks[(r - s - 1) % n].tensor_split(ag_segments) for s in range(n - 1)]
+    recvs = [[dist.irecv(piece, left) for piece in step] for step in gathered]
+    sends += [dist.isend(piece, right) for piece in chunks[r].tensor_split(ag_segments)]
+    for s in range(n - 1):
+        for k, piece in enumerate(gathered[s]):
+            recvs[s][k].wait()
+            if s < n - 2:
+                sends.append(dist.isend(piece, right))
     for req in sends:
         req.wait()
-    if flat.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
+    if not tensor.is_contiguous():
         tensor.copy_(flat.view(tensor.shape))
     return tensor
 
@@ -333,10 +342,15 @@ def _probe_reduce_scatter(fn, seed, cases):
                 "chunk as a tensor."
             )
         if tuple(got.shape) != tuple(expected[r].shape):
+            same = [j for j in range(n) if j != r and expected[j].shape == got.shape and got.dtype == expected[j].dtype
+                    and _close(got, expected[j], dt)]
+            hint = (f" It equals the summed chunk {same[0]}, but rank {r} must return chunk {r} (chunk index = rank)."
+                    if same else "")
             raise AssertionError(
                 f"ring_reduce_scatter returned shape {tuple(got.shape)} on rank {r} ({desc}), expected "
                 f"{tuple(expected[r].shape)}: chunk {r} of tensor.flatten().tensor_split({n}) (with numel={numel}, "
-                f"the first {numel % n} chunks have {numel // n + 1} elements and the others {numel // n})."
+                f"the first {numel % n} chunk(s) have {numel // n + 1} element(s) and the others {numel // n})."
+                + hint
             )
         if not _close(got.to(expected[r].dtype), expected[r], dt) or got.dtype != expected[r].dtype:
             hint = _why_wrong_sum(got, mine, dt, chunk_names=others)
