@@ -125,6 +125,12 @@ def test_feedback_runs_no_student_html(matrix):
     assert "<strong>bold</strong>" in page  # Markdown formatting still works
 
 
+def test_kernel_runs_in_grading_mode(matrix):
+    """The demo's setup cell prints whether LABSUPPORT_GRADING=1 reached the kernel; its output is in the page."""
+    text = demo.html_text((matrix["out"] / "feedback" / "good" / f"{demo.DEMO}.html").read_text())
+    assert "grading mode: True" in text
+
+
 def test_huge_output_is_cut(matrix):
     text = demo.html_text((matrix["out"] / "feedback" / "huge_output" / f"{demo.DEMO}.html").read_text())
     assert "line 10" in text and "line 99999" not in text
