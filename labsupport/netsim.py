@@ -157,7 +157,6 @@ def naive_allreduce(world_size: int, nbytes: float, root: int = 0) -> Schedule:
     )
 
 
-#: A parameter server is the naive algorithm with the server as the root.
 def parameter_server_allreduce(world_size: int, nbytes: float) -> Schedule:
     """A parameter server on rank 0: the same messages as ``naive_allreduce``."""
     sched = naive_allreduce(world_size, nbytes)

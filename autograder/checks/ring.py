@@ -360,7 +360,7 @@ def _probe_reduce_scatter(fn, seed, cases):
             hint = _why_wrong_sum(got, mine, dt, chunk_names=others)
             if "own data" in hint:
                 hint += (
-                    f" If your ring completes a different chunk, shift the indices: in step s (0-based) send chunk "
+                    " If your ring completes a different chunk, shift the indices: in step s (0-based) send chunk "
                     "(rank - s - 1) % N and receive-and-add chunk (rank - s - 2) % N, so that the last chunk "
                     "completed is chunk rank."
                 )
@@ -369,7 +369,7 @@ def _probe_reduce_scatter(fn, seed, cases):
             )
         itemsize = inputs[0].element_size()
         bound = (n - 1) * math.ceil(numel / n) * itemsize
-        _check_bytes(cc.summary, "ring_reduce_scatter", n, bound, f"(world_size - 1) * ceil(numel / world_size) * itemsize",
+        _check_bytes(cc.summary, "ring_reduce_scatter", n, bound, "(world_size - 1) * ceil(numel / world_size) * itemsize",
                      desc)
     return True
 
@@ -413,7 +413,6 @@ def _probe_all_gather(fn, seed, cases):
 
 
 def _probe_all_reduce(fn, seed, cases):
-    import torch
     import torch.distributed as dist
 
     n, r = dist.get_world_size(), dist.get_rank()
