@@ -587,3 +587,72 @@ def abc_random_only(algorithm, p, n, a, b):
 
 def test_alpha_beta_cost_random_inputs():
     _fails(R.check_alpha_beta_cost, abc_random_only, "seed", "latency")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The remaining messages
+
+
+def ar_recv_from_far_rank(tensor):
+    n, r = dist.get_world_size(), dist.get_rank()
+    buf = torch.empty(1, dtype=tensor.dtype)
+    dist.recv(buf, (r + 2) % n)
+
+
+def test_receive_from_a_non_neighbour_is_caught_before_it_hangs():
+    _fails(R.check_ring_all_reduce, ar_recv_from_far_rank, "received from rank", "neighbours", world_sizes=(4,))
+
+
+def ar_size_mismatch(tensor):
+    """Sends 2 elements where the neighbour receives 1: gloo aborts the receiving process."""
+    n, r = dist.get_world_size(), dist.get_rank()
+    s = dist.isend(torch.zeros(2), (r + 1) % n)
+    dist.irecv(torch.empty(1), (r - 1) % n).wait()
+    s.wait()
+
+
+def test_message_size_mismatch_crash_is_explained():
+    _fails(R.check_ring_all_reduce, ar_size_mismatch, "crashed a worker", "size differs", world_sizes=(2,))
+
+
+def ar_shape_changed(tensor):
+    R.reference_ring_all_reduce(tensor)
+    tensor.data = tensor.reshape(-1)
+
+
+def test_all_reduce_not_in_place_is_caught():
+    _fails(R.check_ring_all_reduce, ar_shape_changed, "changed the tensor's shape or dtype", "in place",
+           world_sizes=(2,))
+
+
+def ar_off_by_one_element(tensor):
+    R.reference_ring_all_reduce(tensor)
+    if tensor.numel() >= 1000:
+        tensor.view(-1)[7] += 1
+
+
+def test_all_reduce_single_wrong_element_is_located():
+    _fails(R.check_ring_all_reduce, ar_off_by_one_element, "1 of", "flat index 7", world_sizes=(2,))
+
+
+def rs_wrong_dtype(tensor):
+    return R.reference_ring_reduce_scatter(tensor).double()
+
+
+def test_reduce_scatter_wrong_dtype_is_caught():
+    _fails(R.check_ring_reduce_scatter, rs_wrong_dtype, "expected dtype", world_sizes=(2,))
+
+
+def ag_zeros_for_others(chunk):
+    out = [torch.zeros_like(chunk) for _ in range(dist.get_world_size())]
+    out[dist.get_rank()] = chunk.clone()
+    return out
+
+
+def ag_wrong_dtype(chunk):
+    return [c.double() if c.dtype == torch.float32 else c.float() for c in R.reference_ring_all_gather(chunk)]
+
+
+def test_all_gather_nobodys_chunk_and_wrong_dtype_are_caught():
+    _fails(R.check_ring_all_gather, ag_zeros_for_others, "nobody's chunk", world_sizes=(3,))
+    _fails(R.check_ring_all_gather, ag_wrong_dtype, "expected dtype", world_sizes=(2,))

@@ -214,7 +214,7 @@ def _tol(dtype_name):
 def _close(a, b, dtype_name) -> bool:
     import torch
 
-    if a.shape != b.shape:
+    if a.shape != b.shape or a.dtype != b.dtype:
         return False
     if a.dtype.is_floating_point:
         return torch.allclose(a, b, **_tol(dtype_name))
@@ -356,7 +356,10 @@ def _probe_reduce_scatter(fn, seed, cases):
                 f"the first {numel % n} chunk(s) have {numel // n + 1} element(s) and the others {numel // n})."
                 + hint
             )
-        if not _close(got.to(expected[r].dtype), expected[r], dt) or got.dtype != expected[r].dtype:
+        if got.dtype != expected[r].dtype:
+            expect_tensor(got, expected[r], f"ring_reduce_scatter on rank {r} ({desc})",
+                          "Return the chunk in the input's dtype (sums of int64 stay int64).")
+        if not _close(got, expected[r], dt):
             hint = _why_wrong_sum(got, mine, dt, chunk_names=others)
             if "own data" in hint:
                 hint += (
