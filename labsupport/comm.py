@@ -204,6 +204,7 @@ def _make_wrapper(method: str, original):
                 except Exception:
                     peer = int(args[1])
             call = CommCall(kind=kind, peer=peer, group=_group_ranks(pg), nbytes=_nbytes(tensors))
+            # recorded before the call goes out: a check may inspect it and stop a call that would block
             for counter in list(CommCounter._active):
                 counter.summary.calls.append(call)
         _state.depth = getattr(_state, "depth", 0) + 1
