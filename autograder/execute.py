@@ -50,6 +50,7 @@ class RunRecord:
     truncated: list[str] = field(default_factory=list)   # cells whose output was cut
     failure: str | None = None              # "dead_kernel" or "unresponsive": the run was abandoned
     failure_cell: str | None = None
+    ran_cells: int = 0                      # cells whose execution was started
     started: float = field(default_factory=time.monotonic)
 
 
@@ -63,8 +64,20 @@ def reset_record() -> RunRecord:
     return CURRENT
 
 
+#: Seconds to wait, after a cell's reply, for the rest of its output. nbclient's 4 s default is too short on a
+#: busy machine for a cell that printed a lot (its messages are still queued), and then the whole notebook fails;
+#: after an interrupt that we sent, 4 s stays the limit (a kernel that ignores it is not coming back).
+IOPUB_TIMEOUT = 30
+IOPUB_TIMEOUT_AFTER_INTERRUPT = 4
+
+
 class _BoundedOutput:
-    """Mixin for an nbclient ``NotebookClient``: cut stream output per cell while it arrives."""
+    """Mixin for an nbclient ``NotebookClient``: cut stream output per cell while it arrives, and wait patiently
+    for the output of a cell that finished (see ``IOPUB_TIMEOUT``)."""
+
+    async def _async_handle_timeout(self, timeout, cell=None):
+        self.iopub_timeout = IOPUB_TIMEOUT_AFTER_INTERRUPT
+        return await super()._async_handle_timeout(timeout, cell)
 
     def output(self, outs, msg, display_id, cell_index):
         budget = self.__dict__.setdefault("_output_budget", {})
@@ -133,6 +146,8 @@ def guarded_execute_class():
             def preprocess_cell(self, cell, resources, index):
                 label = cell_label(cell, index)
                 CURRENT.running = label
+                CURRENT.ran_cells += 1
+                self.iopub_timeout = IOPUB_TIMEOUT
                 try:
                     cell, resources = super().preprocess_cell(cell, resources, index)
                 except BaseException as exc:
@@ -169,6 +184,7 @@ def run_notebook(nb, cwd: Path, timeout: float, env: dict | None = None, progres
         async def async_execute_cell(self, cell, cell_index, execution_count=None, store_history=True):
             label = cell_label(cell, cell_index)
             CURRENT.running = label
+            self.iopub_timeout = IOPUB_TIMEOUT
             if progress is not None:
                 progress.update(cell_index, label)
             try:

@@ -217,8 +217,9 @@ def grade(submissions, course: Course, assignment: str | None = None, jobs: int 
     tasks = discover(submissions, course, assignment)
     assignments = sorted({t.assignment for t in tasks})
     out.mkdir(parents=True, exist_ok=True)
-    for t in tasks:  # a page left by an earlier run must not pass for this run's
+    for t in tasks:  # a page or log left by an earlier run must not pass for this run's
         (out / "feedback" / t.student / f"{t.assignment}.html").unlink(missing_ok=True)
+        (out / "logs" / t.student / f"{t.assignment}.log").unlink(missing_ok=True)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="autograder-grade-") as tmp:
         template = build_course_dir(course, assignments, Path(tmp) / "template")

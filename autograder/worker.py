@@ -23,6 +23,7 @@ from . import feedback as fb
 from .course import RELEASE, SOURCE
 from .execute import CURRENT, cell_label, guarded_execute_class, kernel_env, nbgrader_meta, reset_record
 
+INFRA_ATTEMPTS = 3  # tries of nbgrader autograde when it fails before any cell of the submission ran
 CSV_COLUMNS = ["student", "assignment", "points", "max_points", "status", "reason", "tampered_cells"]
 MAX_REASON = 1000
 
@@ -187,10 +188,27 @@ def _failure_reason(result: dict, timeout: float) -> str:
         return (f"grading failed: cell {rec.failure_cell} was still running after the {timeout:g} s limit and "
                 "ignored the interrupt (a loop that catches KeyboardInterrupt or ignores SIGINT?); the kernel was "
                 "stopped and no score was recorded")
-    text = (result.get("log") or "") + "\n" + (result.get("error") or "")
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and "Please see the" not in ln]
-    errors = [ln for ln in lines if "Error" in ln or "Exception" in ln] or lines or ["unknown error"]
-    return f"grading failed: nbgrader could not grade this notebook ({errors[-1][:300]})"
+    return f"grading failed: nbgrader could not grade this notebook ({_nbgrader_error(result)[:300]})"
+
+
+def _nbgrader_error(result: dict) -> str:
+    """The exception behind a failed ``nbgrader autograde``: the last line of the first traceback in its log
+    (nbgrader logs the real one, then raises a generic ``NbGraderException``)."""
+    lines = [ln.strip() for ln in (result.get("log") or "").splitlines()]
+    lines = [ln[len("[ERROR]"):].strip() if ln.startswith("[ERROR]") else ln for ln in lines]
+    in_traceback, last = False, None
+    for line in lines:
+        if line.startswith("Traceback (most recent call last)"):
+            in_traceback, last = True, None
+        elif in_traceback and line and not line.startswith(("File ", "^", "~")) and not line.startswith("  "):
+            if ":" in line and line.split(":")[0].replace(".", "").replace("_", "").isalnum():
+                last = line
+        elif in_traceback and not line and last:
+            break
+    if last:
+        return last
+    errors = [ln for ln in lines if ("Error" in ln or "Exception" in ln) and "NbGraderException" not in ln]
+    return errors[0] if errors else "no detail in nbgrader's log"
 
 
 def _outcomes(graded, scores: dict, secret: set[str]) -> list[fb.TestOutcome]:
@@ -289,12 +307,22 @@ def _grade_notebook(task: Task, release, secret, result: Result, notes: list[str
         shutil.rmtree(d, ignore_errors=True)
     submitted.mkdir(parents=True)
     nbformat.write(repaired, submitted / f"{task.assignment}.ipynb")
-    reset_record()
-    outcome = api.autograde(task.assignment, task.student, force=True, create=True)
+    for _attempt in range(INFRA_ATTEMPTS):
+        reset_record()
+        outcome = api.autograde(task.assignment, task.student, force=True, create=True)
+        # Failed while no cell of the student was running (the kernel did not start: on a busy machine a port
+        # picked for it can be taken before it binds it; or nbgrader tripped): not the student's doing, try again.
+        if outcome.get("success") or CURRENT.failure or CURRENT.running or CURRENT.ran_cells:
+            break
+        shutil.rmtree(autograded, ignore_errors=True)
     tamper_notes = report.notes()
     try:
         if not outcome.get("success"):
-            result.reason = _compose([_failure_reason(outcome, _WORKER["timeout"])] + tamper_notes)
+            log = _WORKER["out"] / "logs" / task.student / f"{task.assignment}.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            log.write_text((outcome.get("log") or "") + "\n" + (outcome.get("error") or ""), encoding="utf-8")
+            result.reason = _compose([_failure_reason(outcome, _WORKER["timeout"]),
+                                      f"nbgrader's log: logs/{task.student}/{task.assignment}.log"] + tamper_notes)
             notes.extend(tamper_notes)
             for cell in repaired.cells:  # the feedback shows the code that was submitted, without outputs
                 if cell.cell_type == "code":
