@@ -61,8 +61,11 @@ def test_interrupt_stops_every_worker_and_the_next_call_works(tmp_path):
     script = _script(
         tmp_path,
         """
-        import sys, time, torch, torch.distributed as dist, labsupport
+        import signal, sys, time, torch, torch.distributed as dist, labsupport
         from labsupport import launch
+        # as in a Jupyter kernel, Ctrl-C raises KeyboardInterrupt, even if this process was started with SIGINT
+        # ignored (as a background job of a non-interactive shell is)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         def deadlock():
             t = torch.zeros(1)
             dist.recv(t, src=1 - dist.get_rank())

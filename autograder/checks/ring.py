@@ -398,6 +398,9 @@ def _probe_all_gather(fn, seed, cases):
                 f"world_size = {n} (one chunk per rank, its own included)."
             )
         for j, item in enumerate(got):
+            if isinstance(item, torch.Tensor) and item.dtype != chunks[j].dtype:
+                # say so before comparing values: a cast can round them into looking like nobody's chunk
+                expect_tensor(item, chunks[j], f"ring_all_gather on rank {r}, item {j} ({desc})", **_tol(dt))
             if isinstance(item, torch.Tensor) and not _close(item.to(chunks[j].dtype), chunks[j], dt):
                 match = [q for q in range(n) if _close(item.to(chunks[q].dtype), chunks[q], dt)]
                 if match:
