@@ -4,6 +4,7 @@ Each wrong implementation below is a mistake students make (or published tutoria
 check raises AssertionError and that its message points at the cause. Real workers, no mocks.
 """
 
+import itertools
 import math
 
 import pytest
@@ -656,3 +657,16 @@ def ag_wrong_dtype(chunk):
 def test_all_gather_nobodys_chunk_and_wrong_dtype_are_caught():
     _fails(R.check_ring_all_gather, ag_zeros_for_others, "nobody's chunk", world_sizes=(3,))
     _fails(R.check_ring_all_gather, ag_wrong_dtype, "expected dtype", world_sizes=(2,))
+
+
+def test_integer_inputs_name_the_missing_ranks_exactly():
+    """A partial sum over some ranks is never mistaken for another (one-element chunks, many seeds)."""
+    for seed in range(1, 150):
+        for n in (2, 3, 4, 5):
+            parts = [R._make(seed, 0, q, (1,), "int32") for q in range(n)]
+            for size in range(1, n):
+                for subset in itertools.combinations(range(n), size):
+                    partial = sum(parts[q] for q in subset)
+                    hint = R._why_wrong_sum(partial, parts, "int32")
+                    named = f"just rank {subset[0]}'s own data" if size == 1 else f"ranks {list(subset)} only"
+                    assert named in hint, (seed, n, subset, hint)

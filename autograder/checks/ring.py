@@ -200,7 +200,9 @@ def _make(seed: int, case: int, rank: int, shape, dtype_name: str):
     dtype = getattr(torch, dtype_name)
     if dtype.is_floating_point:
         return torch.randn(shape, generator=g, dtype=dtype)
-    return torch.randint(-1000, 1000, shape, generator=g, dtype=dtype)
+    # Integers carry their rank in the low five bits (2**rank, up to five ranks): a sum over any set of ranks
+    # then shows which ranks it holds, so a partial sum can never pass for another one by chance.
+    return torch.randint(-1000, 1000, shape, generator=g, dtype=dtype) * 32 + (1 << rank) % 32
 
 
 def _describe(shape, dtype_name, seed) -> str:
