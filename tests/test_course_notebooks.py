@@ -1,5 +1,6 @@
 """Every real assignment in solutions/: the committed release is what ``release`` generates, the solution gets full
-marks from ``grade``, the untouched release gets zero without a hang, and nothing in git leaks or carries outputs.
+marks from ``grade``, the untouched release gets zero without a hang, a planted bug costs its own exercise's points
+and nothing else's, and nothing in git leaks or carries outputs.
 
 All assignments are graded in one ``grade --jobs 2`` run (a session fixture), so adding a notebook adds its own
 grading time and nothing more.
@@ -11,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import nbformat
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
@@ -32,9 +34,119 @@ def regenerated(tmp_path_factory):
     return out
 
 
+# Planted bugs graded through nbgrader, a few per notebook, each in an exercise that no other exercise calls:
+# {assignment: {grade_id of the answer cell: the student's wrong code}}. Each must cost exactly its exercise.
+MUTANTS = {
+    "01_collectives": {
+        # every rank waits for src, src included: a deadlock, stopped by the check's time limit
+        "broadcast": "def broadcast(tensor, src):\n    dist.recv(tensor, src=src)",
+        # dst adds the others' tensors but forgets its own
+        "reduce": (
+            "def reduce(tensor, dst):\n"
+            "    rank, world_size = dist.get_rank(), dist.get_world_size()\n"
+            "    if rank != dst:\n"
+            "        dist.send(tensor, dst=dst)\n"
+            "        return\n"
+            "    total, incoming = torch.zeros_like(tensor), torch.empty_like(tensor)\n"
+            "    for peer in range(world_size):\n"
+            "        if peer != dst:\n"
+            "            dist.recv(incoming, src=peer)\n"
+            "            total += incoming\n"
+            "    tensor.copy_(total)"
+        ),
+        # the right answer, from the built-in
+        "all_to_all": (
+            "def all_to_all(chunks):\n"
+            "    out = [torch.empty_like(c) for c in chunks]\n"
+            "    dist.all_to_all(out, list(chunks))\n"
+            "    return out"
+        ),
+    },
+    "02_ring_allreduce": {
+        # right values, but each rank passes whole tensors around the ring: (N-1)·S bytes instead of 2(N-1)/N·S
+        "ring_all_reduce": (
+            "def ring_all_reduce(tensor):\n"
+            "    rank, n = dist.get_rank(), dist.get_world_size()\n"
+            "    right, left = (rank + 1) % n, (rank - 1) % n\n"
+            "    passing, total = tensor.clone(), tensor.clone()\n"
+            "    for _ in range(n - 1):\n"
+            "        incoming = torch.empty_like(tensor)\n"
+            "        request = dist.isend(passing, dst=right)\n"
+            "        dist.recv(incoming, src=left)\n"
+            "        request.wait()\n"
+            "        total += incoming\n"
+            "        passing = incoming\n"
+            "    tensor.copy_(total)\n"
+            "    return tensor"
+        ),
+        # the naive algorithm's root counted once per direction instead of p - 1 times
+        "alpha_beta_cost": (
+            "def alpha_beta_cost(algorithm, world_size, nbytes, alpha, beta):\n"
+            "    p, n = world_size, nbytes\n"
+            "    if algorithm == 'naive':\n"
+            "        return 2 * (alpha + n * beta) if p > 1 else 0.0\n"
+            "    if algorithm == 'ring':\n"
+            "        return 2 * (p - 1) * alpha + 2 * n * (p - 1) / p * beta\n"
+            "    if algorithm == 'recursive_doubling':\n"
+            "        return math.ceil(math.log2(p)) * (alpha + n * beta)\n"
+            "    raise ValueError(algorithm)"
+        ),
+    },
+    "03_data_parallel": {
+        # sums the gradients but never divides by the number of ranks
+        "average_gradients": (
+            "def average_gradients(module):\n"
+            "    for p in module.parameters():\n"
+            "        if p.requires_grad and p.grad is not None:\n"
+            "            dist.all_reduce(p.grad)"
+        ),
+        # right gradients, but every all-reduce waits until backward is over: no overlap
+        "OverlapDDP": (
+            "class OverlapDDP(nn.Module):\n"
+            "    def __init__(self, module):\n"
+            "        super().__init__()\n"
+            "        self.module = module\n"
+            "        broadcast_parameters(module)\n"
+            "\n"
+            "    def forward(self, *args, **kwargs):\n"
+            "        return self.module(*args, **kwargs)\n"
+            "\n"
+            "    def finish_gradient_synchronization(self):\n"
+            "        for p in self.module.parameters():\n"
+            "            if p.requires_grad and p.grad is not None:\n"
+            "                dist.all_reduce(p.grad)\n"
+            "                p.grad /= dist.get_world_size()"
+        ),
+    },
+}
+
+
+def _mutant(aid: str):
+    """The solution handed in as a student would (release cells, solution code), with MUTANTS[aid] planted."""
+    nb = demo.good(aid, course=REPO)
+    for grade_id, code in MUTANTS[aid].items():
+        nb.cells[demo.index(nb, grade_id)].source = code
+    return nb
+
+
+def _cell_scores(out: Path, student: str, aid: str) -> dict:
+    """{grade_id: (score, max_score)} of one graded notebook, from the gradebook ``grade`` wrote."""
+    import warnings
+
+    from nbgrader.api import Gradebook
+
+    from autograder.nbgrader_config import make_config
+
+    course_id = make_config(str(out)).CourseDirectory.course_id
+    with warnings.catch_warnings(), Gradebook(f"sqlite:///{out / 'gradebook.db'}", course_id) as gb:
+        warnings.simplefilter("ignore")
+        notebook = gb.find_submission_notebook(aid, aid, student)
+        return {g.name: (g.score, g.max_score) for g in notebook.grades}
+
+
 @pytest.fixture(scope="session")
 def graded(tmp_path_factory):
-    """The solution and the untouched release of every assignment, graded in one run with two jobs."""
+    """The solution, the untouched release and a mutant of every assignment, graded in one run with two jobs."""
     root = tmp_path_factory.mktemp("course-grading")
     for aid in ASSIGNMENTS:
         for student, src in (("solution", COURSE.solutions), ("release", COURSE.notebooks)):
@@ -42,6 +154,10 @@ def graded(tmp_path_factory):
                 folder = root / "subs" / student / aid
                 folder.mkdir(parents=True)
                 shutil.copyfile(src / aid / f"{aid}.ipynb", folder / f"{aid}.ipynb")
+        if aid in MUTANTS and (COURSE.notebooks / aid / f"{aid}.ipynb").is_file():
+            folder = root / "subs" / "mutant" / aid
+            folder.mkdir(parents=True)
+            nbformat.write(_mutant(aid), folder / f"{aid}.ipynb")
     proc = demo.cli("grade", root / "subs", "--jobs", 2, "--out", root / "out", "--course", REPO, timeout=1800)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return demo.read_grades(root / "out" / "grades.csv"), root / "out"
@@ -80,6 +196,24 @@ def test_untouched_release_gets_zero(aid, graded):
     assert float(row["points"]) == 0.0 and float(row["max_points"]) > 0, row
     assert row["tampered_cells"] == "", row
     assert "cells stopped after" not in row["reason"], row  # failed quickly, no time limit was needed
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("aid", sorted(MUTANTS))
+def test_planted_bug_costs_its_exercise_and_nothing_else(aid, graded):
+    grades, out = graded
+    row = grades[("mutant", aid)]
+    assert row["status"] == "ok", row
+    assert row["tampered_cells"] == "", row
+    scores = _cell_scores(out, "mutant", aid)
+    lost = {f"test_{grade_id}" for grade_id in MUTANTS[aid]}
+    assert lost <= set(scores), (lost, scores)
+    for test_id, (score, max_score) in scores.items():
+        if test_id in lost:
+            assert score == 0, f"{test_id}: the planted bug should cost its points, got {score}/{max_score}"
+        else:
+            assert score == max_score > 0, f"{test_id}: a bug elsewhere cost this exercise {max_score - score} points"
+    assert float(row["points"]) == sum(m for t, (_, m) in scores.items() if t not in lost), row
 
 
 @pytest.mark.timeout(1800)
