@@ -51,6 +51,16 @@ class CommCall:
     ``kind`` is the torch.distributed name (``"send"``, ``"recv"``, ``"all_reduce"``, ...); ``peer`` the global rank
     on the other end of a send or recv (``None`` for collectives and for recv from any source); ``group`` the
     global ranks of the process group; ``nbytes`` the bytes of the tensors passed in.
+
+    Example (on 2 ranks)::
+
+        with labsupport.CommCounter() as cc:
+            if dist.get_rank() == 0:
+                dist.send(torch.ones(1000), dst=1)
+            else:
+                dist.recv(torch.empty(1000), src=0)
+        cc.calls    # rank 0: [CommCall(kind='send', peer=1, group=(0, 1), nbytes=4000)]
+                    # rank 1: [CommCall(kind='recv', peer=0, group=(0, 1), nbytes=4000)]
     """
 
     kind: str
