@@ -43,6 +43,10 @@ _KINDS = {
 #: The kinds a from-scratch collective may use.
 POINT_TO_POINT = frozenset({"send", "recv"})
 
+# Methods whose first argument is the rank's data; every other one is called as (output, input, ...).
+_DATA_FIRST = frozenset({"send", "recv", "recv_anysource", "allreduce", "allreduce_coalesced", "broadcast", "reduce",
+                         "barrier", "monitored_barrier"})
+
 
 @dataclass
 class CommCall:
@@ -50,7 +54,9 @@ class CommCall:
 
     ``kind`` is the torch.distributed name (``"send"``, ``"recv"``, ``"all_reduce"``, ...); ``peer`` the global rank
     on the other end of a send or recv (``None`` for collectives and for recv from any source); ``group`` the
-    global ranks of the process group; ``nbytes`` the bytes of the tensors passed in.
+    global ranks of the process group; ``nbytes`` the bytes of this rank's data in the call: the tensor sent,
+    received, reduced or broadcast, and for the collectives that take an output and an input (all-gather, gather,
+    scatter, reduce-scatter, all-to-all) the input (for scatter, the chunks on the source rank and 0 elsewhere).
 
     Example (on 2 ranks)::
 
@@ -198,13 +204,22 @@ def _group_ranks(pg) -> tuple:
             return ()
 
 
+def _data_argument(method: str, args: tuple, kwargs: dict):
+    """The tensor(s) that are this rank's data in a process-group call (see ``CommCall.nbytes``)."""
+    if method in _DATA_FIRST:
+        return args[0] if args else kwargs.get("tensors")
+    if len(args) >= 2:
+        return args[1]
+    return next((v for k, v in kwargs.items() if k.startswith("input")), None)
+
+
 def _make_wrapper(method: str, original):
     kind = _KINDS[method]
 
     def wrapper(pg, *args, **kwargs):
         # nested process-group calls (a collective built from others) count once, as the outer call
         if getattr(_state, "depth", 0) == 0 and CommCounter._active:
-            tensors = args[0] if args else kwargs.get("tensors")
+            tensors = _data_argument(method, args, kwargs)
             peer = None
             if kind in POINT_TO_POINT and method != "recv_anysource" and len(args) >= 2:
                 import torch.distributed as dist

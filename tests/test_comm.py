@@ -101,3 +101,63 @@ def test_peers_are_global_ranks_in_a_subgroup():
     assert d[0]["calls"] == []
     assert d[1]["calls"] == [{"kind": "send", "peer": 2, "group": (1, 2), "nbytes": 12}]
     assert d[2]["bytes_received"] == 12 and d[2]["calls"][0]["peer"] == 1
+
+
+def async_and_list_forms():
+    n, rank = dist.get_world_size(), dist.get_rank()
+    t = torch.ones(4)
+    with CommCounter() as cc:
+        works = [
+            dist.broadcast(t, src=0, async_op=True),
+            dist.reduce(t, dst=0, async_op=True),
+            dist.all_gather([torch.empty(4) for _ in range(n)], t, async_op=True),
+            dist.all_gather_into_tensor(torch.empty(4 * n), t, async_op=True),
+            dist.gather(t, [torch.empty(4) for _ in range(n)] if rank == 0 else None, dst=0, async_op=True),
+            dist.scatter(t, [torch.ones(4) for _ in range(n)] if rank == 0 else None, src=0, async_op=True),
+            dist.reduce_scatter_tensor(torch.empty(4), torch.ones(4 * n), async_op=True),
+            dist.all_to_all_single(torch.empty(4 * n), torch.ones(4 * n), async_op=True),
+            dist.barrier(async_op=True),
+        ]
+        for work in works:
+            work.wait()
+        dist.all_to_all([torch.empty(4) for _ in range(n)], [torch.ones(4) for _ in range(n)])
+        # object collectives are built on tensor collectives: they show up as those
+        objects = [{"rank": rank}]
+        dist.broadcast_object_list(objects, src=0)
+    return cc.summary
+
+
+def test_async_list_and_object_forms_are_seen():
+    for s in labsupport.run(async_and_list_forms, world_size=2):
+        kinds = [c.kind for c in s.calls]
+        assert kinds[:9] == ["broadcast", "reduce", "all_gather", "all_gather_into_tensor", "gather", "scatter",
+                             "reduce_scatter_tensor", "all_to_all_single", "barrier"], kinds
+        assert "all_to_all" in kinds[9:], kinds
+        assert kinds.count("broadcast") >= 2, kinds  # broadcast_object_list: sizes, then the pickled bytes
+        # nbytes is this rank's data: the 4 floats of t, also where the output is larger (gather, all-gather)
+        by_kind = {c.kind: c.nbytes for c in s.calls[:9]}
+        assert by_kind == {"broadcast": 16, "reduce": 16, "all_gather": 16, "all_gather_into_tensor": 16,
+                           "gather": 16, "scatter": 32 if s.rank == 0 else 0, "reduce_scatter_tensor": 32,
+                           "all_to_all_single": 32, "barrier": 0}, by_kind
+        assert s.kinds.isdisjoint({"send", "recv"})
+
+
+def from_any_source():
+    rank = dist.get_rank()
+    t = torch.zeros(3)
+    with CommCounter() as cc:
+        if rank == 0:
+            sender = dist.recv(t, src=None)  # whoever sends first
+            dist.irecv(t).wait()             # no src: any source, asynchronously
+        else:
+            dist.send(torch.full((3,), 1.0), dst=0)
+            dist.send(torch.full((3,), 2.0), dst=0)
+            sender = None
+    return sender, [(c.kind, c.peer, c.nbytes) for c in cc.calls]
+
+
+def test_receive_from_any_source_has_no_peer():
+    (sender, calls0), (_, calls1) = labsupport.run(from_any_source, world_size=2)
+    assert sender == 1
+    assert calls0 == [("recv", None, 12), ("recv", None, 12)]
+    assert calls1 == [("send", 0, 12), ("send", 0, 12)]
