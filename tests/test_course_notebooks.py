@@ -255,3 +255,31 @@ def test_no_notebook_in_git_has_outputs():
             if cell.get("cell_type") == "code" and (cell.get("outputs") or cell.get("execution_count") is not None):
                 bad.append(f"{path.relative_to(REPO)} cell {i + 1}")
     assert not bad, "notebooks with outputs or execution counts: " + ", ".join(bad)
+
+
+@pytest.mark.timeout(600)
+def test_check_reports_each_exercise_of_a_real_notebook(tmp_path):
+    """``check`` on notebook 01 filled in with the solutions except a wrong ``reduce``: that exercise fails with
+    its visible test's message, the seven others pass, and the estimate leaves out reduce's points."""
+    aid = "01_collectives"
+    if aid not in ASSIGNMENTS:
+        pytest.skip(f"{aid} is not in solutions/")
+    nb = demo.good(aid, course=REPO)
+    nb.cells[demo.index(nb, "reduce")].source = MUTANTS[aid]["reduce"]
+    folder = tmp_path / "student" / aid
+    folder.mkdir(parents=True)
+    nbformat.write(nb, folder / f"{aid}.ipynb")
+    proc = demo.cli("check", folder / f"{aid}.ipynb", timeout=600)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = {ln.split()[0]: ln for ln in proc.stdout.splitlines() if ln.startswith("  ") and "pts" in ln}
+    names = ["broadcast", "reduce", "all_reduce", "gather", "all_gather", "scatter", "reduce_scatter", "all_to_all"]
+    assert sorted(lines) == sorted(names), proc.stdout
+    assert "FAIL" in lines["reduce"] and "AssertionError" in lines["reduce"], lines["reduce"]
+    for name in names:
+        if name != "reduce":
+            assert "ok    visible tests passed" in lines[name], lines[name]
+    release = nbformat.read(COURSE.notebooks / aid / f"{aid}.ipynb", as_version=4)
+    points = {c.metadata["nbgrader"]["grade_id"]: float(c.metadata["nbgrader"].get("points", 0))
+              for c in release.cells if c.metadata.get("nbgrader", {}).get("grade")}
+    total = sum(points.values())
+    assert f"Local estimate: {total - points['test_reduce']:g} / {total:g} points" in proc.stdout, proc.stdout
