@@ -1,6 +1,11 @@
-"""The set-up promises: one dependency list in two formats, and a README whose quick start CI really runs."""
+"""The set-up promises: one dependency list in two formats, a wheel with every package in it, and a README
+whose quick start CI really runs."""
 
 import re
+import shutil
+import subprocess
+import sys
+import zipfile
 
 try:
     import tomllib
@@ -19,14 +24,63 @@ def _pyproject():
     return tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
+# conda packages in environment.yml that stand for a PyPI requirement of pyproject.toml. torch is taken from
+# conda-forge as "pytorch >=2.4 cpu*" (conda's NAME VERSION BUILD: its CPU build) rather than through pip, where
+# it would be PyPI's torch, on Linux x86_64 a multi-GB CUDA build.
+CONDA_FOR_PYPI = {"pytorch": "torch"}
+CONDA_BUILD = {"pytorch": "cpu*"}
+
+
 def test_environment_yml_lists_the_same_packages_as_pyproject():
     project = _pyproject()["project"]
-    wanted = {str(Requirement(r)) for r in project["dependencies"] + project["optional-dependencies"]["test"]}
+    wanted = [str(Requirement(r)) for r in project["dependencies"] + project["optional-dependencies"]["test"]]
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
-    listed = {str(Requirement(r)) for r in pip_section if not r.startswith("-")}
-    assert listed == wanted, f"only in environment.yml: {listed - wanted}; only in pyproject: {wanted - listed}"
+    listed = [str(Requirement(r)) for r in pip_section if not r.startswith("-")]
+    conda = [d for d in env["dependencies"] if isinstance(d, str)]
+    for spec in conda:
+        name, version, build = (spec.split() + ["", ""])[:3]
+        if name in CONDA_FOR_PYPI:
+            assert build == CONDA_BUILD[name], f"{spec}: the build should be {CONDA_BUILD[name]}"
+            listed.append(str(Requirement(CONDA_FOR_PYPI[name] + version)))
+        elif name.startswith("python"):
+            assert Requirement(spec).specifier == Requirement(f"python{project['requires-python']}").specifier
+    assert len(listed) == len(set(listed)), f"listed twice in environment.yml: {listed}"
+    assert set(listed) == set(wanted), (f"only in environment.yml: {set(listed) - set(wanted)}; "
+                                        f"only in pyproject: {set(wanted) - set(listed)}")
     assert "-e ." in pip_section
+
+
+def _packages():
+    """Every package of the project: a folder under labsupport/ or autograder/ with an __init__.py."""
+    return sorted(p.parent.relative_to(ROOT).as_posix() for top in ("labsupport", "autograder")
+                  for p in (ROOT / top).rglob("__init__.py") if "__pycache__" not in p.parts)
+
+
+def test_a_built_wheel_has_every_package(tmp_path):
+    """A non-editable install (the README's `%pip install git+URL` on Colab) gets every subpackage."""
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", "grading-out"))
+    out = tmp_path / "dist"
+    build = ("import sys\nfrom setuptools import build_meta\n"
+             "print(build_meta.build_wheel(sys.argv[1]))")
+    proc = subprocess.run([sys.executable, "-c", build, str(out)], cwd=src, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    wheel = out / proc.stdout.strip().splitlines()[-1]
+    names = set(zipfile.ZipFile(wheel).namelist())
+
+    packages = _packages()
+    assert {"labsupport", "labsupport/plots", "autograder", "autograder/checks"} <= set(packages)
+    missing = [f"{p}/__init__.py" for p in packages if f"{p}/__init__.py" not in names]
+    assert not missing, f"packages missing from the wheel: {missing}"
+    modules = sorted(m.relative_to(ROOT).as_posix() for p in packages for m in (ROOT / p).glob("*.py"))
+    missing = [m for m in modules if m not in names]
+    assert not missing, f"modules missing from the wheel: {missing}"
+    assert "autograder/nbgrader_config.py" in names
+    tops = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
+    assert tops == {"labsupport", "autograder"}, f"the wheel holds more than the two packages: {tops}"
 
 
 def test_the_torch_that_setup_installs_satisfies_the_package_range():
