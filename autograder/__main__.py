@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from .nbgrader_config import CELL_TIMEOUT
 
@@ -18,6 +19,20 @@ def _positive(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {text}")
     return value
+
+
+def _check_output_dir(out: str) -> None:
+    """Raise CourseError unless ``out`` is a directory or can be made one (no file in the way)."""
+    from .course import CourseError
+
+    path = Path(out)
+    for existing in (path, *path.parents):
+        if existing.exists():
+            if existing.is_dir():
+                return
+            if existing == path:
+                raise CourseError(f"--out {out} exists and is not a directory")
+            raise CourseError(f"--out {out}: {existing} exists and is not a directory")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,6 +97,7 @@ def main(argv=None) -> int:
 
             if args.jobs < 1:
                 raise CourseError("--jobs must be at least 1")
+            _check_output_dir(args.out)
             grade(args.submissions, Course.at(args.course), args.assignment, args.jobs, args.out, args.cell_timeout)
             return 0
         if args.command == "check":
