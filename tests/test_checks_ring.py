@@ -121,6 +121,8 @@ def test_reference_all_reduce_pipelined_segments(world_size):
     """The benchmark's pipelined ring (several segments per chunk) is exact too, also for strided tensors."""
     assert all(labsupport.run(_big_reference_all_reduce, 300_007 * 3, 3, 5, world_size=world_size, timeout=60))
     assert all(labsupport.run(_big_reference_all_reduce, 300_007 * 3, 1, None, world_size=world_size, timeout=60))
+    # the defaults: 2 reduce-scatter pieces, and 4 all-gather pieces on 4 ranks (chunks of 2 MiB and more)
+    assert all(labsupport.run(_big_reference_all_reduce, 350_003 * 3, None, None, world_size=world_size, timeout=60))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -488,6 +490,45 @@ def _good(algorithm, p, n, a, b):
     return R.reference_alpha_beta_cost(algorithm, p, n, a, b)
 
 
+def abc_table(algorithm, p, n, a, b):
+    """Correct, written differently: a table of lambdas, and ceil(log2 p) as (p - 1).bit_length() in integers."""
+    table = {
+        "naive": lambda: 2 * (p - 1) * (a + n * b),
+        "ring": lambda: 2 * (p - 1) * (a + n / p * b),
+        "recursive_doubling": lambda: (p - 1).bit_length() * (a + n * b),
+    }
+    if algorithm not in table:
+        raise ValueError(algorithm)
+    return table[algorithm]()
+
+
+def abc_by_steps(algorithm, p, n, a, b):
+    """Correct, written differently: add up the cost of every step, one message per step on the critical path."""
+    if algorithm == "naive":
+        steps, per_message = 2 * (p - 1), n
+    elif algorithm == "ring":
+        steps, per_message = 2 * (p - 1), n / p
+    elif algorithm == "recursive_doubling":
+        steps, reached = 0, 1
+        while reached < p:  # ranks reached doubles every step
+            reached, steps = 2 * reached, steps + 1
+        per_message = n
+    else:
+        raise ValueError(f"no algorithm called {algorithm}")
+    total = 0.0
+    for _ in range(steps):
+        total += a + per_message * b
+    return total
+
+
+@pytest.mark.parametrize("fn", [abc_table, abc_by_steps])
+def test_alpha_beta_cost_correct_alternatives_pass(fn):
+    for p in range(1, 1100):  # the integer forms agree with math.ceil(math.log2(p)) wherever the check draws p
+        assert fn("recursive_doubling", p, 1, 1.0, 0.0) == math.ceil(math.log2(p))
+    R.check_alpha_beta_cost(fn)
+    R.check_alpha_beta_cost(fn, trials=400)
+
+
 def abc_ring_one_phase(algorithm, p, n, a, b):
     if algorithm == "ring":
         return 2 * (p - 1) * a + n * (p - 1) / p * b
@@ -670,3 +711,32 @@ def test_integer_inputs_name_the_missing_ranks_exactly():
                     hint = R._why_wrong_sum(partial, parts, "int32")
                     named = f"just rank {subset[0]}'s own data" if size == 1 else f"ranks {list(subset)} only"
                     assert named in hint, (seed, n, subset, hint)
+
+
+def _is_prime(m):
+    return m > 1 and all(m % d for d in range(2, math.isqrt(m) + 1))
+
+
+def test_every_numel_gets_multi_dimensional_shapes():
+    """Every numel is drawn in two multi-dimensional shapes and one flat one, for every world size: a composite
+    numel spread over at least two dimensions larger than 1, a prime (or 1) between ones; every dtype once."""
+    seen = set()
+    for seed in range(1, 300):
+        for n in R.WORLD_SIZES:
+            cases = R._cases(seed, n)
+            numels = [m for m in (1, n - 1, 1000, 2**16 + 3) if m >= 1]
+            assert len(cases) == 3 * len(numels)
+            for m in set(numels):
+                mine = [(shape, dt) for shape, dt in cases if math.prod(shape) == m]
+                copies = numels.count(m)
+                assert sorted(dt for _, dt in mine) == sorted(R._DTYPES * copies), (seed, n, m, mine)
+                multi = [shape for shape, _ in mine if len(shape) >= 2 and (
+                    sum(d > 1 for d in shape) >= 2 if len(R._prime_factors(m)) >= 2 else max(shape) == m)]
+                flat = [shape for shape, _ in mine if len(shape) <= 1 or shape == (1, m)]
+                assert len(multi) >= 2 * copies and len(flat) >= copies, (seed, n, m, mine)
+                assert all(1 <= len(shape) <= 3 for shape in multi)
+                seen.update((m, shape) for shape, _ in mine)
+    assert _is_prime(2**16 + 3)  # so its multi-dimensional shapes are (1, p, 1) and the like
+    for m, some in [(1000, {(10, 100), (8, 125), (2, 4, 125)}), (4, {(2, 2)}), (2**16 + 3, {(1, 2**16 + 3, 1)}),
+                    (1, {(), (1,), (1, 1), (1, 1, 1)})]:
+        assert {(m, s) for s in some} <= seen, m

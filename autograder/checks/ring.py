@@ -5,9 +5,10 @@ and ``alpha_beta_cost(algorithm, world_size, nbytes, alpha, beta)``.
 
 Each collective check runs the student's function on 1, 2, 3, 4 and 5 ranks with inputs drawn at grading time
 (several numels, including fewer elements than ranks and numels not divisible by the world size; float32, float64,
-int64; 0-d to 3-d shapes), compares with the sum over ranks computed in one process (what ``dist.all_reduce`` /
-``dist.reduce_scatter`` return), and checks how the result was obtained with ``CommCounter``: point-to-point calls
-only, only with the two ring neighbours, and no more bytes than a ring needs.
+int64; 0-d to 3-d shapes, every numel in two multi-dimensional shapes and one flat one), compares with the sum over
+ranks computed in one process (what ``dist.all_reduce`` / ``dist.reduce_scatter`` return), and checks how the result
+was obtained with ``CommCounter``: point-to-point calls only, only with the two ring neighbours, and no more bytes
+than a ring needs.
 
 The ``reference_*`` functions are this course's reference implementations (not shipped to students);
 ``benchmarks/ring.py`` measures ``reference_ring_all_reduce`` against ``dist.all_reduce``.
@@ -96,7 +97,7 @@ def _buffer(numel, dtype, device, slot):
     return buf[:numel]
 
 
-def reference_ring_all_reduce(tensor, rs_segments: int = 1, ag_segments: int | None = None):
+def reference_ring_all_reduce(tensor, rs_segments: int | None = None, ag_segments: int | None = None):
     """Sum ``tensor`` over ranks in place with a ring: reduce-scatter then all-gather, neighbours only.
 
     Tuned for gloo on CPU (see ``benchmarks/ring.py``):
@@ -105,10 +106,11 @@ def reference_ring_all_reduce(tensor, rs_segments: int = 1, ag_segments: int | N
     * every receive of a phase is posted up front, into receive buffers kept between calls (fresh memory for
       tens of MiB costs page faults comparable to the copy itself), so data keeps flowing round the ring while a
       rank adds;
-    * the all-gather cuts each chunk into ``ag_segments`` pieces and forwards a piece as soon as it has arrived,
-      so its hops overlap instead of following one another (default: 2 pieces from 3 ranks and 1 MiB chunks up).
-      The reduce-scatter keeps whole chunks (``rs_segments=1``): measured here, smaller pieces cost more in
-      per-message overhead than the overlap gains;
+    * both phases cut each chunk into pieces and handle a piece as soon as it has arrived: the reduce-scatter adds
+      one piece while the next is still arriving (``rs_segments``, default 2 from 1 MiB chunks up), the all-gather
+      forwards a piece while the next is arriving, so its hops overlap instead of following one another
+      (``ag_segments``, default 2 from 3 ranks and 1 MiB chunks up, 4 from 4 ranks and 2 MiB chunks up). Smaller
+      chunks stay whole: there, the cost of a message weighs more than the overlap gains;
     * messages go straight to the process group's ``send``/``recv`` (what ``dist.isend``/``dist.irecv`` call
       after their argument checks), which saves about 15 us of Python per message: with 4 ranks on 2 cores,
       every microsecond of CPU one rank spends is one the others wait for. ``CommCounter`` still sees them.
@@ -123,8 +125,11 @@ def reference_ring_all_reduce(tensor, rs_segments: int = 1, ag_segments: int | N
     chunks = flat.tensor_split(n)
     right, left = (r + 1) % n, (r - 1) % n
     biggest = chunks[0].numel()
+    chunk_bytes = biggest * flat.element_size()
+    if rs_segments is None:
+        rs_segments = 2 if chunk_bytes >= 1 << 20 else 1
     if ag_segments is None:
-        ag_segments = 2 if n > 2 and biggest * flat.element_size() >= 1 << 20 else 1
+        ag_segments = 1 if n == 2 or chunk_bytes < 1 << 20 else 4 if n >= 4 and chunk_bytes >= 2 << 20 else 2
 
     # reduce-scatter: in step s the piece that arrives is added into chunk (r - s - 2), then forwarded
     targets = [chunks[(r - s - 2) % n].tensor_split(rs_segments) for s in range(n - 1)]
@@ -176,19 +181,53 @@ def reference_alpha_beta_cost(algorithm, world_size, nbytes, alpha, beta):
 _DTYPES = ("float32", "float64", "int64")
 
 
-def _shapes_for(numel: int, rng: random.Random) -> tuple:
-    if numel == 1:
-        return rng.choice([(1,), (1, 1), ()])
-    if numel == 1000:
-        return rng.choice([(1000,), (10, 100), (4, 5, 50), (8, 125)])
-    return rng.choice([(numel,), (1, numel)])
+def _prime_factors(numel: int) -> list:
+    factors, d = [], 2
+    while d * d <= numel:
+        while numel % d == 0:
+            factors.append(d)
+            numel //= d
+        d += 1
+    return factors + ([numel] if numel > 1 else [])
+
+
+def _multi_dim_shape(numel: int, rng: random.Random) -> tuple:
+    """A 2-d or 3-d shape of ``numel`` elements. A composite numel has its prime factors dealt at random over the
+    dimensions, at least one each (1000 may give (8, 125), (10, 4, 25), ...; 4 gives (2, 2)); 1 and primes,
+    which have no such factorisation, stand between ones ((1, p, 1), (p, 1), ...)."""
+    factors = _prime_factors(numel)
+    if len(factors) < 2:
+        dims = [1] * rng.choice([2, 3])
+        dims[rng.randrange(len(dims))] = numel
+        return tuple(dims)
+    rng.shuffle(factors)
+    ndim = rng.choice([2, 3]) if len(factors) >= 3 else 2
+    dims = factors[:ndim]
+    for f in factors[ndim:]:
+        dims[rng.randrange(ndim)] *= f
+    return tuple(dims)
+
+
+def _flat_shape(numel: int, rng: random.Random) -> tuple:
+    """The shapes a flat tensor comes in: (numel,), (1, numel), and for one element also 0-d."""
+    return rng.choice([(numel,), (1, numel)] + ([()] if numel == 1 else []))
 
 
 def _cases(seed: int, world_size: int) -> list:
-    """(shape, dtype name) pairs for one world size: every numel in {1, N-1, 1000, 2^16+3} with every dtype."""
+    """(shape, dtype name) pairs for one world size: every numel in {1, N-1, 1000, 2^16+3} with every dtype.
+
+    Of a numel's three cases, two get a multi-dimensional shape (``_multi_dim_shape``, each drawn anew) and one a
+    flat shape; which dtype gets which is drawn too.
+    """
     rng = random.Random(seed * 31 + world_size)
     numels = [1, world_size - 1, 1000, 2**16 + 3]
-    cases = [(_shapes_for(m, rng), dt) for m in numels if m >= 1 for dt in _DTYPES]
+    cases = []
+    for m in numels:
+        if m < 1:
+            continue
+        shapes = [_multi_dim_shape(m, rng), _multi_dim_shape(m, rng), _flat_shape(m, rng)]
+        rng.shuffle(shapes)
+        cases += list(zip(shapes, _DTYPES))
     rng.shuffle(cases)
     return cases
 
