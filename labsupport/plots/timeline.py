@@ -11,6 +11,8 @@
   gradient buckets, with the cap; optionally the all-reduce sizes actually measured.
 * ``plot_step_sweep(sizes_mb, series)``: time per step against bucket size.
 * ``plot_loss_curves(curves)``: training loss per step for several runs (synchronous vs stale updates).
+* ``plot_async_training(staleness, curves)``: how stale each worker's gradients were when a parameter server
+  applied them, next to the loss against the number of gradients computed.
 
 Example::
 
@@ -27,6 +29,7 @@ __all__ = [
     "plot_bucket_layout",
     "plot_step_sweep",
     "plot_loss_curves",
+    "plot_async_training",
 ]
 
 # Compute spans get these colours by name (the first word of the name); anything else cycles through a palette.
@@ -402,5 +405,45 @@ def plot_loss_curves(curves: dict, title: str = "training loss", log: bool = Tru
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_async_training(staleness: dict, curves: dict, title: str | None = None, clip: float = 100.0):
+    """Two panels. Left: for each worker (``staleness`` maps a label to the staleness of each of its gradients that
+    was applied), how many gradients were 0, 1, 2, ... updates old. Right: the loss against gradients computed,
+    one line per run (``curves`` maps a label to one loss per gradient); the y axis stops at ``clip`` times the
+    starting loss, and a run that goes past it is marked as diverging."""
+    plt = _plt()
+    fig, (ax_s, ax_l) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [1, 1.3]})
+    top = max((max(v) for v in staleness.values() if v), default=0)
+    width = 0.8 / max(len(staleness), 1)
+    for i, (label, values) in enumerate(staleness.items()):
+        counts = [values.count(k) for k in range(top + 1)]
+        ax_s.bar([k - 0.4 + width * (i + 0.5) for k in range(top + 1)], counts, width=width,
+                 color=_PALETTE[i % len(_PALETTE)], label=f"{label} ({len(values)} applied)")
+    ax_s.set_xticks(range(top + 1))
+    ax_s.set_xlabel("staleness (updates applied while the gradient was computed)")
+    ax_s.set_ylabel("gradients")
+    ax_s.legend(fontsize=8, frameon=False)
+    ax_s.set_title("how old each applied gradient was", fontsize=10)
+    start = min((c[0] for c in curves.values() if c), default=1.0)
+    limit = clip * start
+    for i, (label, losses) in enumerate(curves.items()):
+        diverges = any(not v <= limit for v in losses)   # NaN counts as diverging
+        shown = [v if v <= limit else float("nan") for v in losses]
+        ax_l.plot(range(len(losses)), shown, color=_PALETTE[i % len(_PALETTE)] if i else "black", lw=1.6 if i == 0
+                  else 1.2, label=label + (" (diverges)" if diverges else ""))
+    ax_l.set_yscale("log")
+    ax_l.set_ylim(top=limit)
+    ax_l.set_xlabel("gradients computed")
+    ax_l.set_ylabel("loss")
+    ax_l.set_title("loss for the same number of gradients", fontsize=10)
+    ax_l.grid(alpha=0.3)
+    ax_l.legend(fontsize=8)
+    for ax in (ax_s, ax_l):
+        ax.spines[["top", "right"]].set_visible(False)
+    if title:
+        fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
