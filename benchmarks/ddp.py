@@ -1,6 +1,7 @@
 """How much gradient communication hides behind backward: naive vs overlapped vs bucketed DDP (gloo, CPU).
 
     python benchmarks/ddp.py [--world-sizes 2,4] [--rounds 5] [--steps 6] [--width 512] [--depth 8] [--cap-mb 1]
+    python benchmarks/ddp.py --quick       # a few seconds: checks that it runs (tests/test_benchmarks.py)
 
 Model: an MLP of ``depth`` layers ``width`` x ``width`` (8 MB of fp32 weights with the defaults), batch 64 per rank.
 Three ways to synchronise gradients, written out here as in notebook 03:
@@ -133,7 +134,12 @@ def main(argv=None):
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--depth", type=int, default=8)
     parser.add_argument("--cap-mb", type=float, default=1.0)
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke run, not a measurement: 2 ranks, 1 round of 2 steps, a 3 x 64 x 64 MLP with "
+                             "buckets of at most 0.02 MB (3 buckets)")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.world_sizes, args.rounds, args.steps, args.width, args.depth, args.cap_mb = "2", 1, 2, 64, 3, 0.02
     print(f"MLP {args.depth} x {args.width} x {args.width} ({args.depth * args.width * (args.width + 1) * 4 / 2**20:.1f}"
           f" MiB of gradients), bucket cap {args.cap_mb} MB, {args.rounds} rounds x {args.steps} steps")
     print(f"{'ranks':>5} {'variant':<11} {'ms/step':>8} {'hidden':>7}  (medians; hidden = share of all-reduce time "

@@ -1,6 +1,7 @@
 """The course's reference ring all-reduce vs dist.all_reduce (gloo, CPU), and both vs the loopback link.
 
-    python benchmarks/ring.py [--sizes-mib 1,16,64] [--world-sizes 2,4] [--rounds 9]
+    python benchmarks/ring.py [--sizes-mib 1,16,64] [--world-sizes 2,4] [--rounds 15]
+    python benchmarks/ring.py --quick      # a few seconds: checks that it runs (tests/test_benchmarks.py)
 
 For each world size, one set of ranks measures, for every size, the two all-reduces in alternating order round
 after round (so a burst of load from elsewhere hits both alike); a call's time is that of its slowest rank. The
@@ -83,7 +84,12 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes-mib", default="1,16,64", help="comma-separated sizes in MiB (default 1,16,64)")
     ap.add_argument("--world-sizes", default="2,4", help="comma-separated world sizes; the first should be 2")
     ap.add_argument("--rounds", type=int, default=15, help="timed rounds per size and implementation")
+    ap.add_argument("--quick", action="store_true",
+                    help="a smoke run, not a measurement: sizes 0.0625,4 MiB on 2 and 3 ranks, 2 rounds (the 4 MiB "
+                         "on 3 ranks takes the ring's segmented all-gather)")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.sizes_mib, args.world_sizes, args.rounds = "0.0625,4", "2,3", 2
     sizes = [int(float(s) * 2**20) for s in args.sizes_mib.split(",")]
     world_sizes = [int(n) for n in args.world_sizes.split(",")]
 

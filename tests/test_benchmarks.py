@@ -1,0 +1,56 @@
+"""Smoke tests of the benchmark scripts: they import internals of the checks (the reference ring, the bucket layout),
+so a change there must not break them silently. Each runs its ``--quick`` configuration in a fresh interpreter, as a
+person would, and must print its table; no speed is asserted (a shared machine makes every ratio noise).
+"""
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _run_script(name: str, *args: str) -> str:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env.pop("LABSUPPORT_GRADING", None)
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / name), *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, f"{name} {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
+    print(f"{name} {' '.join(args)}: {time.monotonic() - start:.1f} s\n{proc.stdout}")
+    return proc.stdout
+
+
+def test_ring_benchmark_quick():
+    out = _run_script("ring.py", "--quick")
+    # one row per (world size, size): times of both all-reduces, then the paired and median ratios
+    rows = re.findall(r"^\s*(\d+)\s+([\d.]+)Mi \|.*\|\s*([\d.]+)x\s+([\d.]+)x \|", out, flags=re.M)
+    assert [(n, size) for n, size, _, _ in rows] == [("2", "0.0625"), ("2", "4"), ("3", "0.0625"), ("3", "4")], out
+    assert all(float(paired) > 0 and float(medians) > 0 for _, _, paired, medians in rows), out
+    assert re.search(r"loopback point-to-point bandwidth: [\d.]+ GB/s", out), out
+    assert "ring/builtin (> 1: the ring is faster)" in out
+
+
+def test_ddp_benchmark_quick():
+    out = _run_script("ddp.py", "--quick")
+    rows = re.findall(r"^\s*2 (naive|overlapped|bucketed)\s+([\d.]+)\s+(\d+)%", out, flags=re.M)
+    assert [variant for variant, _, _ in rows] == ["naive", "overlapped", "bucketed"], out
+    assert all(0 <= int(hidden) <= 100 for _, _, hidden in rows), out
+    assert "bucket cap 0.02 MB" in out
+
+
+def test_ddp_benchmark_buckets_are_the_notebooks():
+    """The quick configuration really has several buckets, so the bucketed variant differs from the others."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import ddp as bench
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    from autograder.checks.ddp import expected_buckets
+
+    buckets = expected_buckets(bench._make_mlp(64, 3, seed=0), 0.02)
+    assert [len(b) for b in buckets] == [3, 2, 1], buckets
