@@ -2,7 +2,8 @@
 
 Workers are forked from multiprocessing's fork server, which imports torch once before any thread pool exists;
 each worker runs ``labsupport._worker.main``. The pool also owns the rendezvous store (one TCP port) and a
-temporary folder for the stack dumps of blocked workers. ``shutdown`` gives all of it back.
+temporary folder for the stack dumps and call boards of the workers. ``shutdown`` gives all of it back; a kernel
+killed before it could do so leaves its folder behind, and the next pool removes it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pickle
 import shutil
 import signal
 import socket
+import struct
 import tempfile
 import threading
 import time
@@ -23,6 +25,9 @@ from datetime import timedelta
 __all__ = ["shutdown"]
 
 _STARTUP_TIMEOUT = 180.0
+#: Bytes of a worker's call board: a 4-byte length, then the description of its current torch.distributed call.
+BOARD_SIZE = 1024
+_TMP_PREFIX = "labsupport-"
 
 
 def _cores() -> int:
@@ -41,6 +46,63 @@ def _loopback_ifname() -> str | None:
         if name in names:
             return name
     return None
+
+
+def _owner_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _remove_stale_dirs() -> None:
+    """Remove the folders of pools whose kernel died without cleaning up (SIGKILL, the out-of-memory killer).
+
+    A pool's folder is named ``labsupport-<pid of its kernel>-<random>``: once that process is gone, nobody uses
+    the folder any more. Folders of other users, and of kernels still running, are left alone.
+    """
+    base = tempfile.gettempdir()
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        pid, sep, _ = name[len(_TMP_PREFIX) :].partition("-")
+        if not name.startswith(_TMP_PREFIX) or not sep or not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        path = os.path.join(base, name)
+        try:
+            if os.stat(path).st_uid != os.getuid():
+                continue
+        except OSError:
+            continue
+        if not _owner_alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _make_tmpdir() -> str:
+    _remove_stale_dirs()
+    return tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-")
+
+
+def _new_file(path: str, size: int = 0) -> None:
+    with open(path, "wb") as fh:
+        if size:
+            fh.truncate(size)
+
+
+def read_board(path: str) -> str:
+    """The call a worker is inside, from its call board ("" when none, or when the board cannot be read)."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(BOARD_SIZE)
+        (n,) = struct.unpack("<I", data[:4])
+    except (OSError, struct.error):
+        return ""
+    return data[4 : 4 + n].decode("utf-8", "replace") if 0 < n <= BOARD_SIZE - 4 else ""
 
 
 def _mp_context():
@@ -84,22 +146,33 @@ class _Worker:
     process: object
     conn: object
     stack_file: str
+    board_file: str = ""
     pid: int = 0
     main_ident: int = 0
+    ready: bool = False  # its "hello" was read
     dead: bool = False
 
     def alive(self) -> bool:
-        return not self.dead and self.process.is_alive()
+        return self.ready and not self.dead and self.process.is_alive()
 
-    def kill(self) -> None:
+    def current_call(self) -> str:
+        return read_board(self.board_file) if self.board_file else ""
+
+    def signal_kill(self) -> None:
+        """Send SIGKILL, unless the process is already reaped (its pid may then belong to someone else)."""
         if self.dead:
             return
-        self.dead = True
         try:
-            os.kill(self.process.pid, signal.SIGKILL)
-        except (ProcessLookupError, TypeError):
+            if self.process.exitcode is None:
+                os.kill(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, TypeError, ValueError):
             pass
+
+    def reap(self) -> None:
+        if self.dead:
+            return
         self.process.join(timeout=5)
+        self.dead = True
         try:
             self.conn.close()
         except OSError:
@@ -108,6 +181,10 @@ class _Worker:
             self.process.close()
         except ValueError:
             pass
+
+    def kill(self) -> None:
+        self.signal_kill()
+        self.reap()
 
 
 @dataclass
@@ -128,35 +205,51 @@ class _Pool:
     def ensure(self, n: int) -> list[_Worker]:
         """Return workers 0..n-1, starting the missing ones (in parallel)."""
         if self.tmpdir is None:
-            self.tmpdir = tempfile.mkdtemp(prefix="labsupport-")
+            self.tmpdir = _make_tmpdir()
+        starting: list[_Worker] = []
+        try:
+            self._start(n, starting)
+            self._await_hello(starting)
+        except BaseException:
+            # an interrupt (or a failed start) must not leave workers whose "hello" is still unread in their pipe
+            self.kill([w for w in starting if not w.ready])
+            raise
+        return [self.workers[i] for i in range(n)]
+
+    def _start(self, n: int, starting: list) -> None:
+        from . import _worker
+
         ctx = _mp_context()
-        starting = []
         with _NoMainImport():
             for i in range(n):
                 w = self.workers.get(i)
                 if w is not None and w.alive():
                     continue
                 if w is not None:
-                    w.kill()
-                from . import _worker
-
+                    self.kill([w])
                 parent_conn, child_conn = ctx.Pipe(duplex=True)
                 stack_file = os.path.join(self.tmpdir, f"stack-{i}.txt")
-                open(stack_file, "w").close()
+                board_file = os.path.join(self.tmpdir, f"board-{i}.bin")
+                _new_file(stack_file)
+                _new_file(board_file, BOARD_SIZE)
                 proc = ctx.Process(
-                    target=_worker.main, args=(child_conn, stack_file), daemon=True, name=f"labsupport-worker-{i}"
+                    target=_worker.main,
+                    args=(child_conn, stack_file, board_file),
+                    daemon=True,
+                    name=f"labsupport-worker-{i}",
                 )
                 proc.start()
                 child_conn.close()
-                w = _Worker(i, proc, parent_conn, stack_file)
+                w = _Worker(i, proc, parent_conn, stack_file, board_file)
                 self.workers[i] = w
                 starting.append(w)
+
+    def _await_hello(self, starting: list) -> None:
         deadline = time.monotonic() + _STARTUP_TIMEOUT
         for w in starting:
-            while True:
+            while not w.ready:
                 left = deadline - time.monotonic()
-                if left <= 0 or not w.alive() and not w.conn.poll(0):
-                    self.kill(starting)
+                if left <= 0 or not w.process.is_alive() and not w.conn.poll(0):
                     raise RuntimeError(
                         "labsupport could not start its worker processes "
                         f"(worker {w.index} {'did not answer' if left <= 0 else 'exited at start-up'}). "
@@ -165,13 +258,15 @@ class _Pool:
                 if w.conn.poll(min(left, 0.5)):
                     msg = pickle.loads(w.conn.recv_bytes())
                     if msg[0] == "hello":
-                        w.pid, w.main_ident = msg[1], msg[2]
-                        break
-        return [self.workers[i] for i in range(n)]
+                        w.pid, w.main_ident, w.ready = msg[1], msg[2], True
 
     def kill(self, workers) -> None:
+        """Kill these workers: SIGKILL to all of them first, then wait for each (killing 8 takes one wait)."""
+        workers = list(workers)
         for w in workers:
-            w.kill()
+            w.signal_kill()
+        for w in workers:
+            w.reap()
             if self.workers.get(w.index) is w:
                 del self.workers[w.index]
 

@@ -46,6 +46,11 @@ class WorkerError(RuntimeError):
         self.worker_traceback = first.get("traceback", "")
         self.exitcode = first.get("exitcode")
 
+    def __reduce__(self):
+        # the default rebuilds an exception from its message alone, and this one needs its failures too: without
+        # this, copying the error to another process (a thread pool, the autograder's workers) would fail
+        return type(self), (str(self), self.failures)
+
 
 class WorkerTimeout(TimeoutError):
     """Ranks were still running after ``timeout`` seconds, usually a deadlock.
@@ -70,6 +75,9 @@ class WorkerTimeout(TimeoutError):
         self.stacks = stacks
         self.timeout = timeout
 
+    def __reduce__(self):
+        return type(self), (str(self), self.ranks, self.stacks, self.timeout)
+
 
 def _display_name(filename: str) -> str:
     """'Cell In[5]' for a notebook cell, the path otherwise."""
@@ -90,7 +98,7 @@ def _is_internal(filename: str) -> bool:
     return (
         filename.startswith(os.path.join(here, "_worker.py"))
         or f"{os.sep}multiprocessing{os.sep}" in filename
-        or filename in (os.path.join(here, "launch.py"), os.path.join(here, "_pool.py"))
+        or filename in [os.path.join(here, name) for name in ("launch.py", "_pool.py", "magics.py")]
     )
 
 
@@ -98,8 +106,13 @@ def _is_torch(filename: str) -> bool:
     return f"{os.sep}torch{os.sep}" in filename
 
 
-def _format_frames(frames) -> tuple[str, str]:
-    """Return (traceback text, one-line summary) for frames [(filename, lineno, name, line)], outermost first."""
+def _format_frames(frames, call: str = "") -> tuple[str, str]:
+    """Return (traceback text, one-line summary) for frames [(filename, lineno, name, line)], outermost first.
+
+    ``call`` is the torch.distributed call the rank is inside, with its evaluated arguments, when known ("recv(src=1)
+    of 4 float32", from the worker's call board): the summary then says that rather than the innermost torch
+    function, so that a deadlock report shows which peer each rank waits for.
+    """
     frames = [f for f in frames if not _is_internal(f[0]) and f[0] != "<string>"]
     lines = []
     torch_run: list = []
@@ -122,12 +135,13 @@ def _format_frames(frames) -> tuple[str, str]:
         last_user = (filename, lineno, name, src)
     innermost_torch = torch_run[-1][2] if torch_run else None
     flush_torch()
+    blocked_in = call or innermost_torch
     if last_user is None:
-        summary = f"in {innermost_torch}" if innermost_torch else "(no Python frame)"
+        summary = f"blocked in {blocked_in}" if blocked_in else "(no Python frame)"
     else:
         filename, lineno, name, src = last_user
         where = f"{_display_name(filename)}, line {lineno}"
-        summary = (f"blocked in {innermost_torch}, at " if innermost_torch else "at ") + f"{where}: {src}"
+        summary = (f"blocked in {blocked_in} at " if blocked_in else "at ") + f"{where}: {src}"
     return "\n".join(lines), summary
 
 
@@ -152,6 +166,27 @@ def _parse_faulthandler(text: str, main_ident: int):
     if frames is None and sections:
         frames = next(iter(sections.values()))
     return list(reversed(frames or []))
+
+
+def _dump_complete(text: str, main_ident: int) -> bool:
+    """Whether a faulthandler dump holds the whole stack of the main thread, down to its outermost frame.
+
+    faulthandler writes innermost frames first, line by line, so a dump read too early lacks the outer frames:
+    the student's. The main thread of a worker starts at a module's top level (``<module>``).
+    """
+    section = None
+    last = None
+    for line in text.splitlines():
+        m = _THREAD_RE.match(line)
+        if m:
+            if section == main_ident and last is not None:
+                break
+            section, last = int(m.group(1), 16), None
+            continue
+        m = _FRAME_RE.match(line)
+        if m and section == main_ident:
+            last = m.group(3)
+    return section == main_ident and last == "<module>"
 
 
 def _signal_name(code: int) -> str:

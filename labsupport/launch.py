@@ -9,8 +9,12 @@ Design, in short:
   seconds of importing torch again. Each call gets a fresh process group, so a stale message from an earlier
   call can never be received by a later one.
 * Functions travel by value (cloudpickle), so functions and classes defined in the notebook work.
+* Each call starts like a fresh process where that is cheap: the notebook's current environment variables,
+  torch's default random seed, float32 as the default dtype.
 * Any failure (an exception, a dead rank, a time-out, an interrupt) kills every worker of that call: a process
   group with a rank stuck in ``recv`` cannot be repaired, only replaced. The next call starts fresh workers.
+* A deadlock report says what each rank waits for, with the values of its arguments ("blocked in recv(src=1)"):
+  every worker posts the torch.distributed call it is inside on a small shared "call board" (see ``_worker``).
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ import multiprocessing.connection as mpc
 import os
 import pickle
 import signal
+import subprocess
 import sys
 import time
+from datetime import timedelta
 
 try:
     import cloudpickle
@@ -33,6 +39,7 @@ from .errors import (
     WorkerError,
     WorkerTimeout,
     _death_message,
+    _dump_complete,
     _format_frames,
     _is_consequence,
     _parse_faulthandler,
@@ -44,6 +51,11 @@ MAX_WORLD_SIZE = 64
 #: Lines of output shown per rank and call before the rest is counted and dropped.
 MAX_LINES_PER_RANK = int(os.environ.get("LABSUPPORT_MAX_LINES", "1000"))
 _FAILURE_GRACE = 0.4  # seconds to collect the other ranks' errors after the first failure
+_STACK_WAIT = 2.0  # at most this long for the stack dumps of deadlocked ranks
+#: A line without a newline is shown once it is this long, so that a rank printing without newlines cannot fill
+#: the notebook's memory.
+MAX_PARTIAL_LINE = 10_000
+_GPU_PROBE_TIMEOUT = 60.0  # seconds for a separate Python process to count the GPUs
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -110,11 +122,61 @@ def _launched_by_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in env or all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
-def _gpu_count() -> int:
+#: GPUs counted without initialising CUDA in this process, per value of CUDA_VISIBLE_DEVICES.
+_GPU_COUNTS: dict = {}
+
+
+def _cuda_compiled() -> bool:
     import torch
 
-    # is_available()/device_count() query the driver without initialising CUDA in this process.
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    is_compiled = getattr(torch.cuda, "_is_compiled", None)
+    return bool(is_compiled()) if is_compiled is not None else torch.backends.cuda.is_built()
+
+
+def _gpu_count() -> int:
+    """How many GPUs the workers could use, found without initialising CUDA in the notebook's kernel.
+
+    ``torch.cuda.is_available()`` and ``torch.cuda.device_count()`` call ``cudaGetDeviceCount``, which initialises
+    the CUDA driver in the calling process (unless PYTORCH_NVML_BASED_CUDA_CHECK=1 is set): the kernel would hold
+    a driver state it never uses, which is not safe to fork and may take memory on every GPU. So: no CUDA in this
+    torch build, no GPU; CUDA already initialised here (the notebook used it), ask it; else count with NVML (which
+    honours CUDA_VISIBLE_DEVICES); and when NVML cannot tell, let a short-lived Python process count. The answer is
+    kept, so the separate process runs at most once per value of CUDA_VISIBLE_DEVICES.
+    """
+    import torch
+
+    if not _cuda_compiled():
+        return 0
+    if torch.cuda.is_initialized():
+        return torch.cuda.device_count()
+    key = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if key not in _GPU_COUNTS:
+        count = _nvml_gpu_count()
+        _GPU_COUNTS[key] = count if count >= 0 else _gpu_count_in_subprocess()
+    return _GPU_COUNTS[key]
+
+
+def _nvml_gpu_count() -> int:
+    """GPUs visible to this process according to NVML, without initialising CUDA; -1 when NVML cannot tell."""
+    import torch
+
+    try:
+        return int(torch.cuda._device_count_nvml())
+    except Exception:
+        return -1
+
+
+def _gpu_count_in_subprocess() -> int:
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+            capture_output=True,
+            text=True,
+            timeout=_GPU_PROBE_TIMEOUT,
+        )
+        return max(0, int(out.stdout.split()[-1]))
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return 0  # no answer: gloo on the CPU always works
 
 
 def _resolve_backend(backend: str, world_size: int) -> str:
@@ -133,18 +195,22 @@ def _resolve_backend(backend: str, world_size: int) -> str:
 
 def _local_cuda_index() -> int | None:
     """The GPU of this process under a launcher: ``LOCAL_RANK``, or the only visible one when the launcher binds
-    one GPU per task (SLURM's ``--gpus-per-task=1``); ``None`` when there is no GPU for it."""
-    import torch
+    one GPU per task (SLURM's ``--gpus-per-task=1``); ``None`` when there is no GPU for it.
 
-    if not torch.cuda.is_available():
+    Only called in a process that took itself for a rank started by torchrun or srun (``_run_under_torchrun``, or
+    ``device()`` once an NCCL group exists), where CUDA may be used. Counting with ``_gpu_count`` still leaves CUDA
+    alone until ``set_device``: RANK & co. may be in the environment of a notebook by mistake, and that kernel
+    should not end up with CUDA initialised merely because the call failed.
+    """
+    count, local = _gpu_count(), int(os.environ.get("LOCAL_RANK", "0"))
+    if count == 0:
         return None
-    count, local = torch.cuda.device_count(), int(os.environ.get("LOCAL_RANK", "0"))
     if local < count:
         return local
     return 0 if count == 1 else None
 
 
-def _run_under_torchrun(fn, args, kwargs):
+def _run_under_torchrun(fn, args, kwargs, timeout: float):
     import torch
     import torch.distributed as dist
 
@@ -152,9 +218,25 @@ def _run_under_torchrun(fn, args, kwargs):
         index = _local_cuda_index()
         if index is not None:
             torch.cuda.set_device(index)
-        dist.init_process_group("nccl" if index is not None else "gloo")
+        try:
+            # torch's default is 30 minutes: variables left in the environment by mistake would hang the cell
+            dist.init_process_group("nccl" if index is not None else "gloo", timeout=timedelta(seconds=timeout))
+        except Exception as exc:
+            raise RuntimeError(_torchrun_failed_message(timeout, exc)) from exc
         atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
     return [fn(*args, **kwargs)]
+
+
+def _torchrun_failed_message(timeout: float, exc: Exception) -> str:
+    env = os.environ
+    found = ", ".join(f"{k}={env[k]}" for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k in env)
+    return (
+        f"labsupport.run found {found} in the environment, so it took this process for rank {env.get('RANK', '?')} "
+        f"of a job started by torchrun (or srun), but the other ranks did not join within {timeout:g} s "
+        f"({type(exc).__name__}: {exc}). If you did not start this script with torchrun, remove these variables "
+        "from the environment (for example `del os.environ['RANK']`) and run it again: labsupport.run then starts "
+        "its own workers."
+    )
 
 
 def _check_args(fn, world_size, timeout):
@@ -174,7 +256,9 @@ def run(fn, *args, world_size: int = 4, backend: str = "auto", timeout: float = 
     Each rank is a separate process with the default process group initialised and the environment torchrun
     would give it (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``,
     ``MASTER_PORT``). ``fn`` may be defined in the notebook. Prints appear in the cell as they happen, prefixed
-    ``[rank N]``.
+    ``[rank N]``. Every call starts as a freshly started process would: it sees the notebook's environment
+    variables as they are now, ``torch.randn`` draws the same numbers as in a new process, the default dtype is
+    float32.
 
     Args:
         fn: the function every rank runs.
@@ -211,7 +295,7 @@ def run(fn, *args, world_size: int = 4, backend: str = "auto", timeout: float = 
     if dist.is_available() and dist.is_initialized():
         return [fn(*args, **kwargs)]
     if _launched_by_torchrun():
-        return _run_under_torchrun(fn, args, kwargs)
+        return _run_under_torchrun(fn, args, kwargs, timeout)
     backend = _resolve_backend(backend, world_size)
     try:
         payload = cloudpickle.dumps((fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
@@ -237,14 +321,18 @@ class _Call:
         self.failures: dict[int, dict] = {}
         self.shown = [0] * world_size
         self.hidden = [0] * world_size
-        self.partial = [""] * world_size
+        self.partial: dict[tuple[int, str], str] = {}  # (rank, stream) -> the start of a line still to come
 
     # output ---------------------------------------------------------------------------------------------------
     def _emit(self, rank: int, stream: str, text: str) -> None:
         target = sys.stdout if stream == "stdout" else sys.stderr
-        text = self.partial[rank] + text
-        lines = text.split("\n")
-        self.partial[rank] = lines.pop()  # '' when text ended with a newline
+        key = (rank, stream)  # a stdout fragment must never be glued to a line of stderr
+        lines = (self.partial.pop(key, "") + text).split("\n")
+        rest = lines.pop()  # '' when text ended with a newline
+        if len(rest) > MAX_PARTIAL_LINE:
+            lines.append(rest)
+        elif rest:
+            self.partial[key] = rest
         out = []
         for line in lines:
             if self.shown[rank] < MAX_LINES_PER_RANK:
@@ -257,9 +345,11 @@ class _Call:
             target.flush()
 
     def _flush_output(self) -> None:
+        pending = sorted(self.partial.items())
+        self.partial.clear()
+        for (rank, stream), text in pending:
+            self._emit(rank, stream, text + "\n")
         for rank in range(self.n):
-            if self.partial[rank]:
-                self._emit(rank, "stdout", "\n")
             if self.hidden[rank]:
                 sys.stdout.write(
                     f"[rank {rank}] ... {self.hidden[rank]} more lines not shown "
@@ -305,43 +395,63 @@ class _Call:
             pass
 
     # the call -------------------------------------------------------------------------------------------------
-    def run(self, payload: bytes):
-        pool = self.pool
-        workers = pool.ensure(self.n)
-        pool.calls += 1
-        self.call_id = pool.calls
-        port = pool.port()
+    def _spec(self) -> dict:
         extra_env = {}
         ifname = _loopback_ifname()
         if ifname and "GLOO_SOCKET_IFNAME" not in os.environ:
             extra_env["GLOO_SOCKET_IFNAME"] = ifname
-        spec = {
+        return {
             "world_size": self.n,
             "backend": self.backend,
             "master_addr": "127.0.0.1",
-            "master_port": port,
+            "master_port": self.pool.port(),
             "pg_timeout": self.timeout + 60.0,
             "threads": max(1, _cores() // self.n),
             "call_id": self.call_id,
             "cwd": os.getcwd(),
             "sys_path": list(sys.path),
+            "environ": dict(os.environ),  # as a freshly started process would see it now
             "extra_env": extra_env,
         }
-        finished = False
+
+    def run(self, payload: bytes):
+        pool = self.pool
+        workers = pool.ensure(self.n)
+        pool.calls += 1
+        self.call_id = pool.calls
+        spec = self._spec()
+        done = False
         try:
             for w in workers:
                 w.conn.send_bytes(
                     pickle.dumps(("task", self.call_id, dict(spec, rank=w.index), payload), protocol=5)
                 )
             self._wait(workers)
-            finished = True
+            self._send_finish(workers)
+            done = True
         finally:
-            if not finished or self.failures:
-                pool.kill(workers)  # an interrupt, a failure or a time-out: these workers cannot be trusted
+            # not done: an interrupt, a failure or a time-out; these workers cannot be trusted any more. Once done,
+            # every worker has its "finish", so an interrupt from here on leaves nothing behind.
+            if not done:
+                self._kill(workers)
             self._flush_output()
-        for w in workers:
-            w.conn.send_bytes(pickle.dumps(("finish", self.call_id)))
         return [self.results[r] for r in range(self.n)]
+
+    def _send_finish(self, workers) -> None:
+        """Tell every worker to destroy this call's process group (it then waits for the next task)."""
+        for w in workers:
+            try:
+                w.conn.send_bytes(pickle.dumps(("finish", self.call_id)))
+            except OSError:  # it died after sending its result: the next call starts a new one
+                self.pool.kill([w])
+
+    def _kill(self, workers) -> None:
+        """Kill this call's workers, even when a second Ctrl-C arrives while they are being killed."""
+        try:
+            self.pool.kill(workers)
+        except KeyboardInterrupt:
+            self.pool.kill(workers)
+            raise
 
     def _wait(self, workers) -> None:
         start = time.monotonic()
@@ -358,8 +468,9 @@ class _Call:
                 break
             if now >= deadline:
                 self._timeout(running, workers)
+            wait_until = deadline if first_failure is None else min(deadline, first_failure + _FAILURE_GRACE)
             waitables = [w.conn for w in running] + [w.process.sentinel for w in running]
-            ready = mpc.wait(waitables, timeout=min(0.1, max(0.0, deadline - now)))
+            ready = mpc.wait(waitables, timeout=min(0.1, max(0.0, wait_until - now)))
             for obj in ready:
                 if obj in by_conn:
                     self._drain(by_conn[obj])
@@ -413,27 +524,52 @@ class _Call:
                 cause = None
         raise err from cause
 
-    def _timeout(self, running, workers) -> None:
-        stacks: dict[int, str] = {}
-        summaries: dict[int, str] = {}
+    def _dump_stacks(self, running) -> dict[int, str]:
+        """Every running rank's stacks: SIGUSR1 makes faulthandler write them to the rank's stack file.
+
+        Waits until each dump is complete (its main thread reaches the outermost frame, or the file stopped
+        growing), at most ``_STACK_WAIT`` seconds: eight ranks on a loaded machine can take longer than any fixed
+        pause, and a half-written dump would lose the frames that matter most (the outer ones, the student's).
+        """
         for w in running:
             try:
                 open(w.stack_file, "w").close()
                 os.kill(w.process.pid, signal.SIGUSR1)
-            except (OSError, TypeError):
+            except (OSError, TypeError, ValueError):
                 pass
-        time.sleep(0.3)
+        texts = {w.index: "" for w in running}
+        unchanged = {w.index: 0 for w in running}
+        pending = list(running)
+        deadline = time.monotonic() + _STACK_WAIT
+        while pending and time.monotonic() < deadline:
+            time.sleep(0.02)
+            for w in list(pending):
+                try:
+                    with open(w.stack_file) as fh:
+                        text = fh.read()
+                except OSError:
+                    text = ""
+                unchanged[w.index] = unchanged[w.index] + 1 if text and text == texts[w.index] else 0
+                texts[w.index] = text
+                if text and (_dump_complete(text, w.main_ident) or unchanged[w.index] >= 3):
+                    pending.remove(w)
+        return texts
+
+    def _timeout(self, running, workers) -> None:
+        calls = {w.index: w.current_call() for w in running}
+        texts = self._dump_stacks(running)
+        stacks: dict[int, str] = {}
+        summaries: dict[int, str] = {}
         for w in running:
-            try:
-                with open(w.stack_file) as fh:
-                    text = fh.read()
-            except OSError:
-                text = ""
-            frames = _parse_faulthandler(text, w.main_ident)
+            call = calls[w.index] or w.current_call()
+            frames = _parse_faulthandler(texts[w.index], w.main_ident)
             if frames:
-                stacks[w.index], summaries[w.index] = _format_frames(frames)
+                stacks[w.index], summaries[w.index] = _format_frames(frames, call)
             else:
-                stacks[w.index], summaries[w.index] = "", "(its stack could not be read)"
+                stacks[w.index] = ""
+                summaries[w.index] = f"blocked in {call} (its stack could not be read)" if call else (
+                    "(its stack could not be read)"
+                )
         # the output that arrived meanwhile still belongs in the cell
         for w in workers:
             self._drain(w)
@@ -454,5 +590,5 @@ class _Call:
             "\nEvery send needs a matching recv on the peer (same size, same order), and every rank must call the "
             "same collectives in the same order. All ranks were stopped; the next call starts fresh workers."
         )
-        self.pool.kill(workers)
+        self._kill(workers)
         raise WorkerTimeout("\n".join(lines), ranks, stacks, self.timeout)

@@ -17,6 +17,7 @@ import argparse
 import builtins
 import linecache
 import shlex
+import sys
 import types
 
 try:
@@ -89,23 +90,56 @@ def run_cell(source: str, filename: str, names: dict, skipped: dict):
     return None
 
 
-def distributed(line: str, cell: str, user_ns: dict | None = None) -> None:
+def _running_cell_number(ipython) -> int:
+    """N of the ``In[N]`` cell running now: the number IPython gave the code that called this magic.
+
+    ``execution_count`` alone is not enough: IPython 9 counts the running cell before running it, IPython 8 after
+    (``Cell In[N]`` would then be off by one).
+    """
+    numbers = getattr(ipython.compile, "_filename_map", {})
+    frame = sys._getframe(1)
+    while frame is not None:
+        number = numbers.get(frame.f_code.co_filename)
+        if number is not None:
+            return number
+        frame = frame.f_back
+    return ipython.execution_count
+
+
+def _cell_filename(cell: str, ipython=None) -> tuple[str, str]:
+    """(filename, source) for the cell's code, registered so that tracebacks and deadlock reports show its lines.
+
+    In IPython the name is made by IPython's own compiler, so it reads ``Cell In[N]`` with N the kernel's execution
+    count, like every other cell. The source starts with a blank line standing for the ``%%distributed`` line:
+    line numbers are then the ones the student sees in the notebook.
+    """
+    source = "\n" + cell
+    compiler = getattr(ipython, "compile", None)
+    if compiler is not None and hasattr(compiler, "cache"):
+        try:
+            return compiler.cache(source, _running_cell_number(ipython)), source
+        except Exception:  # pragma: no cover - an IPython whose compiler cannot cache
+            pass
+    _counter[0] += 1
+    filename = f"<distributed cell {_counter[0]}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    return filename, source
+
+
+def distributed(line: str, cell: str, user_ns: dict | None = None, ipython=None) -> None:
     from .launch import run
 
     args = _parser().parse_args(shlex.split(line))
-    _counter[0] += 1
-    filename = f"<distributed cell {_counter[0]}>"
-    # register the source so that tracebacks and deadlock reports can show the cell's lines
-    linecache.cache[filename] = (len(cell), None, cell.splitlines(True), filename)
-    code = compile(cell, filename, "exec")
+    filename, source = _cell_filename(cell, ipython)
+    code = compile(source, filename, "exec")
     names, skipped = _snapshot(code, user_ns or {})
-    run(run_cell, cell, filename, names, skipped, world_size=args.n, backend=args.backend, timeout=args.timeout)
+    run(run_cell, source, filename, names, skipped, world_size=args.n, backend=args.backend, timeout=args.timeout)
 
 
 def register(ipython) -> None:
     def magic(line, cell):
         try:
-            return distributed(line, cell, ipython.user_ns)
+            return distributed(line, cell, ipython.user_ns, ipython)
         except _ArgumentError as exc:
             from IPython.core.error import UsageError
 

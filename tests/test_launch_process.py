@@ -14,7 +14,8 @@ import pytest
 from jupyter_client import KernelManager
 from nbclient import NotebookClient
 
-SLACK = 3.0
+#: What the issue promises: control is back within this many seconds of Ctrl-C.
+INTERRUPT_LATENCY = 2.0
 
 
 def _script(tmp_path, body: str) -> str:
@@ -33,28 +34,36 @@ def _wait_gone(pids, timeout=10.0):
 
 
 def test_kernel_ran_parallel_matmuls_before_launching(tmp_path):
-    """The fork/OpenMP trap: the parent's thread pool is live, workers still compute (no hang)."""
+    """The fork/OpenMP trap: the parent's OpenMP pool is live; workers still run parallel regions (no hang).
+
+    Each worker uses two threads, so its matmuls and tanh run OpenMP parallel regions: in a process forked from
+    this parent (rather than from the fork server) the first of them would wait forever for the parent's threads.
+    """
     script = _script(
         tmp_path,
         """
         import torch, torch.distributed as dist, labsupport
         torch.set_num_threads(2)
-        a = torch.randn(1500, 1500)
-        for _ in range(5):
+        a = torch.randn(1000, 1000)
+        for _ in range(3):
             a = (a @ a).tanh()          # GNU OpenMP's pool is now running in this process
         def work():
-            b = torch.randn(400, 400)
-            for _ in range(5):
-                b = (b @ b).tanh()
+            torch.set_num_threads(2)
+            assert torch.get_num_threads() == 2
+            b = torch.randn(1000, 1000)
+            for _ in range(2):
+                b = (b @ b).tanh()      # parallel regions in the worker
             x = torch.tensor([b.sum().item() * 0 + 1.0])
             dist.all_reduce(x)
-            return x.item()
-        print("RESULT", labsupport.run(work, world_size=2, timeout=60))
+            return x.item(), torch.get_num_threads()
+        print("RESULT", labsupport.run(work, world_size=2, timeout=30))
+        print("ALONE", labsupport.run(work, world_size=1, timeout=30))
         """,
     )
     out = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr
-    assert "RESULT [2.0, 2.0]" in out.stdout
+    assert "RESULT [(2.0, 2), (2.0, 2)]" in out.stdout
+    assert "ALONE [(1.0, 2)]" in out.stdout
 
 
 def test_interrupt_stops_every_worker_and_the_next_call_works(tmp_path):
@@ -74,7 +83,7 @@ def test_interrupt_stops_every_worker_and_the_next_call_works(tmp_path):
         try:
             labsupport.run(deadlock, world_size=2, timeout=120)
         except KeyboardInterrupt:
-            print("INTERRUPTED", time.monotonic(), flush=True)
+            print("INTERRUPTED", time.time(), flush=True)
         print("NEXT", labsupport.run(lambda: dist.get_rank() * 10, world_size=2), flush=True)
         """,
     )
@@ -84,11 +93,11 @@ def test_interrupt_stops_every_worker_and_the_next_call_works(tmp_path):
         assert line.startswith("PIDS"), line + proc.stderr.read()
         pids = [int(p) for p in line.split()[1:]]
         time.sleep(1.0)  # both ranks are now blocked in recv
-        sent = time.monotonic()
+        sent = time.time()
         proc.send_signal(signal.SIGINT)
         line = proc.stdout.readline()
         assert line.startswith("INTERRUPTED"), line
-        assert float(line.split()[1]) - sent < 2 + SLACK
+        assert float(line.split()[1]) - sent < INTERRUPT_LATENCY
         assert _wait_gone(pids, timeout=5) == []
         assert proc.stdout.readline().strip() == "NEXT [0, 10]"
         assert proc.wait(timeout=30) == 0
@@ -96,22 +105,50 @@ def test_interrupt_stops_every_worker_and_the_next_call_works(tmp_path):
         proc.kill()
 
 
+def _read_board(tmpdir: str, rank: int) -> str:
+    from labsupport._pool import read_board
+
+    return read_board(os.path.join(tmpdir, f"board-{rank}.bin"))
+
+
 def test_nothing_survives_a_killed_kernel(tmp_path):
+    """SIGKILL of the kernel while its workers are deadlocked: they go, and the next kernel removes the folder."""
     script = _script(
         tmp_path,
         """
-        import os, signal, psutil, torch.distributed as dist, labsupport
+        import psutil, torch, torch.distributed as dist, labsupport
+        from labsupport import launch
+        def deadlock():
+            t = torch.zeros(1)
+            dist.recv(t, src=(dist.get_rank() + 1) % dist.get_world_size())
         labsupport.run(lambda: dist.get_rank(), world_size=3)
-        kids = [p.pid for p in psutil.Process().children(recursive=True)]
-        print("PIDS", *kids, flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
+        print("PIDS", *[p.pid for p in psutil.Process().children(recursive=True)], flush=True)
+        print("DIR", launch._POOL.tmpdir, flush=True)
+        labsupport.run(deadlock, world_size=3, timeout=300)
         """,
     )
-    out = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120)
-    assert out.returncode == -signal.SIGKILL
-    pids = [int(p) for p in out.stdout.split("PIDS", 1)[1].split()]
-    assert len(pids) >= 3  # three workers, and multiprocessing's fork server
-    assert _wait_gone(pids, timeout=10) == []
+    proc = subprocess.Popen([sys.executable, script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("PIDS"), line + proc.stderr.read()
+        pids = [int(p) for p in line.split()[1:]]
+        assert len(pids) >= 4  # three workers, multiprocessing's fork server and its resource tracker
+        tmpdir = proc.stdout.readline().split(None, 1)[1].strip()
+        deadline = time.monotonic() + 60
+        while not all(_read_board(tmpdir, r).startswith("recv(") for r in range(3)):  # every rank is blocked
+            assert time.monotonic() < deadline, [_read_board(tmpdir, r) for r in range(3)]
+            time.sleep(0.05)
+        proc.kill()
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+        assert _wait_gone(pids, timeout=5) == []
+        assert os.path.isdir(tmpdir)  # nobody could clean up...
+    finally:
+        proc.kill()
+    # what the next kernel's pool does first when it starts (run() calls it; without torch, this takes a moment)
+    again = _script(tmp_path, "import shutil\nfrom labsupport import _pool\nshutil.rmtree(_pool._make_tmpdir())\n")
+    out = subprocess.run([sys.executable, again], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert not os.path.exists(tmpdir)  # ...until the next kernel started its pool
 
 
 def test_same_script_runs_under_torchrun(tmp_path):
@@ -140,6 +177,34 @@ def test_same_script_runs_under_torchrun(tmp_path):
     assert "RANK 1 RESULTS [30.0] DEVICE cpu" in out.stdout
 
 
+def test_stray_torchrun_variables_fail_within_the_timeout(tmp_path):
+    """RANK & co. left in the environment by mistake: run gives up after its timeout, not torch's 30 minutes."""
+    import socket
+
+    script = _script(
+        tmp_path,
+        """
+        import time, torch.distributed as dist, labsupport
+        start = time.monotonic()
+        try:
+            labsupport.run(lambda: dist.get_rank(), world_size=2, timeout=1)
+        except RuntimeError as exc:
+            print("ERROR", round(time.monotonic() - start, 1), exc, flush=True)
+        """,
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    env.pop("TORCHELASTIC_RUN_ID", None)
+    out = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120, env=env)
+    assert "ERROR" in out.stdout, out.stdout + out.stderr[-3000:]
+    elapsed = float(out.stdout.split("ERROR", 1)[1].split()[0])
+    assert elapsed < 1 + 10
+    assert "took this process for rank 0 of a job started by torchrun" in out.stdout
+    assert "the other ranks did not join within 1 s" in out.stdout and "del os.environ['RANK']" in out.stdout
+
+
 NOTEBOOK_CELLS = [
     "import torch, torch.distributed as dist, labsupport\n%load_ext labsupport",
     # 1: a function defined in the notebook
@@ -158,6 +223,8 @@ NOTEBOOK_CELLS = [
     "print('recovered', labsupport.run(total, 1, world_size=2))",
     # 7: a usage error
     "%%distributed -n two\nprint(rank)",
+    # 8: a failure in a %%distributed cell: its traceback names the cell as IPython does, with the cell's lines
+    "%%distributed -n 2 --backend gloo\nx = rank\nif rank == 1:\n    raise ValueError('failed in a cell')",
 ]
 
 
@@ -187,9 +254,15 @@ def test_run_and_magic_from_a_real_jupyter_kernel(tmp_path):
     assert "Cell In[" in err  # the traceback points at the notebook cell
     timeout = _text(c[5])
     assert "WorkerTimeout" in timeout
-    assert "rank 0: blocked in recv, at <distributed cell" in timeout and "dist.recv(t, src=1 - rank)" in timeout
+    # named like every cell (In[6] is the sixth cell run), line 3 of the cell as the notebook shows it
+    assert "rank 0: blocked in recv(src=1) of 1 float32 at Cell In[6], line 3: dist.recv(t, src=1 - rank)" in timeout
+    assert "rank 1: blocked in recv(src=0) of 1 float32 at Cell In[6], line 3: dist.recv(t, src=1 - rank)" in timeout
     assert "recovered [1.0, 1.0]" in _text(c[6])
     assert "UsageError" in _text(c[7]) and "Usage: %%distributed -n N" in _text(c[7])
+    failed = _text(c[8])
+    assert "rank 1 raised ValueError: failed in a cell" in failed
+    assert 'File "Cell In[9]", line 4, in <module>' in failed and "raise ValueError('failed in a cell')" in failed
+    assert "distributed cell" not in timeout + failed
 
 
 def test_kernel_interrupt_during_a_run(tmp_path):
@@ -205,16 +278,29 @@ def test_kernel_interrupt_during_a_run(tmp_path):
             "labsupport.run(lambda: 0, world_size=2)"
         )
         assert kc.execute_interactive(setup, timeout=120)["content"]["status"] == "ok"
-        msg_id = kc.execute("labsupport.run(stuck, world_size=2, timeout=300)")
+        msg_id = kc.execute(
+            "import time\n"
+            "try:\n    labsupport.run(stuck, world_size=2, timeout=300)\n"
+            "except KeyboardInterrupt:\n    returned = time.time()\n    raise"
+        )
         time.sleep(2.0)
-        sent = time.monotonic()
+        sent = time.time()
         km.interrupt_kernel()
         while True:
             reply = kc.get_shell_msg(timeout=30)
             if reply["parent_header"].get("msg_id") == msg_id:
                 break
-        assert time.monotonic() - sent < 2 + SLACK
+        replied = time.time()
         assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+        printed = []
+        kc.execute_interactive(
+            "print('RETURNED', returned)",
+            timeout=60,
+            output_hook=lambda msg: printed.append(msg["content"].get("text", "")),
+        )
+        returned = float("".join(printed).split("RETURNED", 1)[1].split()[0])
+        assert returned - sent < INTERRUPT_LATENCY  # control is back in the kernel
+        assert replied - sent < INTERRUPT_LATENCY + 3  # and the reply (with IPython's traceback) reached the client
         again = kc.execute_interactive("assert labsupport.run(lambda: 5, world_size=2) == [5, 5]", timeout=120)
         assert again["content"]["status"] == "ok"
     finally:
