@@ -33,7 +33,12 @@ __all__ = [
 
 
 def grading() -> bool:
-    """True while the autograder executes the notebook (``LABSUPPORT_GRADING=1``): keep measurements small."""
+    """True while the autograder executes the notebook (``LABSUPPORT_GRADING=1``): keep measurements small.
+
+    Example::
+
+        SIZES = [4 * 1024, 64 * 1024] if labsupport.grading() else [4 * 1024, 1 << 20, 16 << 20]
+    """
     return _os.environ.get("LABSUPPORT_GRADING", "") not in ("", "0")
 
 

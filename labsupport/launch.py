@@ -63,7 +63,16 @@ _GPU_PROBE_TIMEOUT = 60.0  # seconds for a separate Python process to count the 
 
 
 def in_worker() -> bool:
-    """True inside a rank started by ``labsupport.run``."""
+    """True inside a rank started by ``labsupport.run``.
+
+    Example::
+
+        def work():
+            return labsupport.in_worker()
+
+        labsupport.in_worker()                  # False: this is the notebook
+        labsupport.run(work, world_size=2)      # [True, True]
+    """
     from . import _worker
 
     return bool(_worker.CURRENT)
