@@ -17,6 +17,7 @@ import os as _os
 from .comm import CommCounter, CommCall
 from .launch import WorkerError, WorkerTimeout, device, in_worker, run, shutdown
 from .timeline import Timeline
+from ._pool import start_early as _start_early
 
 __all__ = [
     "run",
@@ -47,3 +48,6 @@ def load_ipython_extension(ipython):
     from .magics import register
 
     register(ipython)
+
+
+_start_early()  # in a notebook kernel: the fork server imports torch while the notebook goes on

@@ -16,6 +16,7 @@ import shutil
 import signal
 import socket
 import struct
+import sys
 import tempfile
 import threading
 import time
@@ -322,3 +323,50 @@ def shutdown() -> None:
 
 
 atexit.register(shutdown)
+
+
+def _inside_fork_server() -> bool:
+    """True while multiprocessing's fork server imports labsupport (its preload): it must not start another one."""
+    main = getattr(sys.modules.get("multiprocessing.forkserver"), "main", None)
+    code = getattr(main, "__code__", None)
+    frame = sys._getframe()
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _wants_early_start() -> bool:
+    """``LABSUPPORT_EARLY_START``: "1" always, "0" never; unset: only in a notebook kernel that no launcher started
+    (under torchrun every rank imports labsupport, and none of them needs a fork server). Never inside the fork
+    server itself, which inherits the setting and imports labsupport to preload it."""
+    if _inside_fork_server():
+        return False
+    setting = os.environ.get("LABSUPPORT_EARLY_START", "")
+    if setting in ("0", "1"):
+        return setting == "1"
+    launched = "TORCHELASTIC_RUN_ID" in os.environ or "SLURM_PROCID" in os.environ or "RANK" in os.environ
+    return "ipykernel" in sys.modules and not launched
+
+
+def _start_fork_server() -> None:
+    try:
+        from multiprocessing import forkserver
+
+        with _POOL.lock, _NoMainImport():
+            if _mp_context().get_start_method() == "forkserver":
+                forkserver.ensure_running()
+    except Exception:  # an early start is only a head start: run() starts the server itself if this failed
+        pass
+
+
+def start_early() -> None:
+    """Start the fork server now, in the background, when ``_wants_early_start()``.
+
+    The fork server imports torch once (a second or two) before it forks any worker. Started when a notebook imports
+    labsupport, that import happens while the student reads and runs the next cells, so the first ``run`` finds the
+    server ready and costs what a later call costs plus the forks.
+    """
+    if _wants_early_start():
+        threading.Thread(target=_start_fork_server, daemon=True, name="labsupport-early-start").start()

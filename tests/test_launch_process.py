@@ -337,3 +337,41 @@ def test_same_script_runs_under_srun_environment(tmp_path):
     assert [p.returncode for p in procs] == [0, 0]
     assert "RESULT [(0, '0', '0', 2.0)]" in outs[0]
     assert "RESULT [(1, '0', '1', 2.0)]" in outs[1]
+
+
+EARLY_START = """
+    import sys, time
+    if {kernel}:
+        import ipykernel  # what a notebook kernel has loaded
+    import labsupport
+    from multiprocessing import forkserver
+    deadline = time.monotonic() + (20 if {expect} else 1)
+    while forkserver._forkserver._forkserver_pid is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    print("SERVER", forkserver._forkserver._forkserver_pid)
+    if {expect}:
+        assert labsupport.run(sum, [1, 2], world_size=2) == [3, 3]
+"""
+
+
+@pytest.mark.parametrize("case", ["kernel", "kernel, early start off", "plain python", "torchrun rank",
+                                  "plain python, early start on"])
+def test_fork_server_starts_early_in_a_notebook_kernel_only(tmp_path, case):
+    env = {k: v for k, v in os.environ.items() if k not in ("LABSUPPORT_EARLY_START", "RANK", "TORCHELASTIC_RUN_ID")}
+    if case == "kernel, early start off":
+        env["LABSUPPORT_EARLY_START"] = "0"
+    if case == "torchrun rank":
+        env["TORCHELASTIC_RUN_ID"] = "test"
+    if case == "plain python, early start on":  # inherited by the fork server, which must not start one of its own
+        env["LABSUPPORT_EARLY_START"] = "1"
+    expect = case in ("kernel", "plain python, early start on")
+    script = EARLY_START.format(kernel=not case.startswith("plain python"), expect=expect)
+    proc = subprocess.run([sys.executable, _script(tmp_path, script)], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    server = proc.stdout.split("SERVER ")[1].split()[0]
+    if expect:
+        assert server != "None", proc.stdout
+        assert not _wait_gone([int(server)], timeout=10), "the fork server outlived the kernel"
+    else:
+        assert server == "None", proc.stdout
