@@ -37,6 +37,17 @@ def _one_line_error(proc, *expected):
         assert text in lines[0], lines[0]
 
 
+@pytest.mark.parametrize("below", [False, True], ids=["out-is-a-file", "out-is-below-a-file"])
+def test_grade_out_is_a_file(tmp_path, below):
+    demo.write(tmp_path / "subs", {"alice": "good"})
+    existing = tmp_path / "grades.txt"
+    existing.write_text("not a folder\n")
+    out = existing / "run1" if below else existing
+    proc = demo.cli("grade", tmp_path / "subs", "--course", COURSE, "--out", out)
+    _one_line_error(proc, "--out", str(out), "exists and is not a directory")
+    assert existing.read_text() == "not a folder\n"
+
+
 def test_grade_missing_submissions_dir(tmp_path):
     proc = demo.cli("grade", tmp_path / "nope", "--course", COURSE, "--out", tmp_path / "out")
     _one_line_error(proc, "does not exist", "nope")
