@@ -96,9 +96,9 @@ def _display_name(filename: str) -> str:
 def _is_internal(filename: str) -> bool:
     here = os.path.dirname(os.path.abspath(__file__))
     return (
-        filename.startswith(os.path.join(here, "_worker.py"))
-        or f"{os.sep}multiprocessing{os.sep}" in filename
-        or filename in [os.path.join(here, name) for name in ("launch.py", "_pool.py", "magics.py")]
+        f"{os.sep}multiprocessing{os.sep}" in filename
+        or filename in [os.path.join(here, name)
+                        for name in ("_worker.py", "_callboard.py", "launch.py", "_pool.py", "magics.py")]
     )
 
 

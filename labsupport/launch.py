@@ -14,7 +14,7 @@ Design, in short:
 * Any failure (an exception, a dead rank, a time-out, an interrupt) kills every worker of that call: a process
   group with a rank stuck in ``recv`` cannot be repaired, only replaced. The next call starts fresh workers.
 * A deadlock report says what each rank waits for, with the values of its arguments ("blocked in recv(src=1)"):
-  every worker posts the torch.distributed call it is inside on a small shared "call board" (see ``_worker``).
+  every worker posts the torch.distributed call it is inside on a small shared "call board" (see ``_callboard``).
 """
 
 from __future__ import annotations

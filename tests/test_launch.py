@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 import labsupport
-from labsupport import _pool, _worker, launch, magics
+from labsupport import _callboard, _pool, _worker, launch, magics
 
 #: What the issue promises: a failure reaches the caller within this many seconds of happening.
 FAILURE_LATENCY = 2.0
@@ -240,7 +240,7 @@ def comm_through_the_board():
 
     wrapped = all(
         getattr(getattr(dist, name), "_labsupport_board", False) and getattr(dist, name) is getattr(c10d, name)
-        for name in _worker._CALLS
+        for name in _callboard._CALLS
     )
     rank, peer = dist.get_rank(), 1 - dist.get_rank()
     t = torch.ones(2)
@@ -255,7 +255,7 @@ def comm_through_the_board():
         for req in reqs:
             req.wait()
         dist.all_reduce(t)
-    board = _worker._board._mm[:4]
+    board = _callboard._board._mm[:4]
     return wrapped, cc.count("send"), cc.count("recv"), cc.count("all_reduce"), bytes(board)
 
 
@@ -603,10 +603,10 @@ def test_call_board_describes_each_call_with_its_values():
         "all_to_all_single": ((big, big.long()), {}, "all_to_all_single of 8 int64"),
         "barrier": ((), {}, "barrier"),
     }
-    assert set(cases) | {"batch_isend_irecv"} == set(_worker._CALLS)
+    assert set(cases) | {"batch_isend_irecv"} == set(_callboard._CALLS)
     for name, (args, kwargs, expected) in cases.items():
-        assert _worker._describe(name, args, kwargs) == expected
-    assert _worker._describe("all_reduce", (t,), {"op": dist.ReduceOp.SUM}) == "all_reduce of 4 float32"
+        assert _callboard._describe(name, args, kwargs) == expected
+    assert _callboard._describe("all_reduce", (t,), {"op": dist.ReduceOp.SUM}) == "all_reduce of 4 float32"
 
 
 def test_call_board_keeps_comm_counter_and_p2pop_working():
@@ -620,7 +620,7 @@ def test_call_board_keeps_comm_counter_and_p2pop_working():
 def test_call_board_can_be_read_from_the_notebook(tmp_path):
     path = tmp_path / "board"
     path.write_bytes(bytes(_pool.BOARD_SIZE))
-    board = _worker._Board(str(path))
+    board = _callboard._Board(str(path))
     assert _pool.read_board(str(path)) == ""
     board.post("recv(src=1) of 4 float32")
     assert _pool.read_board(str(path)) == "recv(src=1) of 4 float32"
