@@ -1,21 +1,19 @@
 """The call board: the ``torch.distributed`` call a worker is inside right now, readable while it is blocked.
 
-Part of a worker (``labsupport._worker``); the notebook reads the board with ``labsupport._pool.read_board`` when
-it writes a deadlock report.
+Part of a worker (``labsupport._worker``); the board's format is ``labsupport._board``, where the notebook reads
+it when it writes a deadlock report.
 """
 
 from __future__ import annotations
 
 import functools
-import mmap
-import struct
 import threading
 import weakref
 
 import torch
 import torch.distributed as dist
 
-from ._pool import BOARD_SIZE
+from ._board import Board as _Board
 
 try:
     from torch._C._distributed_c10d import Work as _Work
@@ -59,26 +57,6 @@ _MAIN_IDENT = 0  # only calls made by the main thread are posted (it is the thre
 _inside = False  # the main thread is inside a posted call: the calls torch makes from there are not posted
 _PENDING: dict = {}  # id(Work) -> (weak reference to the Work, what it waits for), for Work.wait()
 _DTYPES: dict = {}
-
-
-class _Board:
-    """A fixed-size file mapped into memory: a 4-byte length, then the description in UTF-8 (0: no call).
-
-    The notebook reads it with an ordinary ``read`` while this worker is blocked; mapping the file means posting
-    is a memory copy, not a system call.
-    """
-
-    def __init__(self, path: str):
-        with open(path, "r+b") as fh:
-            self._mm = mmap.mmap(fh.fileno(), BOARD_SIZE)
-
-    def post(self, text: str) -> None:
-        data = text.encode("utf-8", "replace")[: BOARD_SIZE - 4]
-        self._mm[4 : 4 + len(data)] = data
-        self._mm[0:4] = struct.pack("<I", len(data))
-
-    def clear(self) -> None:
-        self._mm[0:4] = b"\0\0\0\0"
 
 
 def _arg(args, kwargs, pos, name):

@@ -15,7 +15,6 @@ import pickle
 import shutil
 import signal
 import socket
-import struct
 import sys
 import tempfile
 import threading
@@ -25,9 +24,9 @@ from datetime import timedelta
 
 __all__ = ["shutdown"]
 
+from ._board import new_board, read_board
+
 _STARTUP_TIMEOUT = 180.0
-#: Bytes of a worker's call board: a 4-byte length, then the description of its current torch.distributed call.
-BOARD_SIZE = 1024
 _TMP_PREFIX = "labsupport-"
 
 
@@ -87,23 +86,6 @@ def _remove_stale_dirs() -> None:
 def _make_tmpdir() -> str:
     _remove_stale_dirs()
     return tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-")
-
-
-def _new_file(path: str, size: int = 0) -> None:
-    with open(path, "wb") as fh:
-        if size:
-            fh.truncate(size)
-
-
-def read_board(path: str) -> str:
-    """The call a worker is inside, from its call board ("" when none, or when the board cannot be read)."""
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(BOARD_SIZE)
-        (n,) = struct.unpack("<I", data[:4])
-    except (OSError, struct.error):
-        return ""
-    return data[4 : 4 + n].decode("utf-8", "replace") if 0 < n <= BOARD_SIZE - 4 else ""
 
 
 def _mp_context():
@@ -231,8 +213,8 @@ class _Pool:
                 parent_conn, child_conn = ctx.Pipe(duplex=True)
                 stack_file = os.path.join(self.tmpdir, f"stack-{i}.txt")
                 board_file = os.path.join(self.tmpdir, f"board-{i}.bin")
-                _new_file(stack_file)
-                _new_file(board_file, BOARD_SIZE)
+                open(stack_file, "wb").close()
+                new_board(board_file)
                 proc = ctx.Process(
                     target=_worker.main,
                     args=(child_conn, stack_file, board_file),

@@ -106,7 +106,7 @@ def test_interrupt_stops_every_worker_and_the_next_call_works(tmp_path):
 
 
 def _read_board(tmpdir: str, rank: int) -> str:
-    from labsupport._pool import read_board
+    from labsupport._board import read_board
 
     return read_board(os.path.join(tmpdir, f"board-{rank}.bin"))
 
