@@ -34,6 +34,7 @@ try:
 except ImportError:  # pragma: no cover
     cloudpickle = pickle
 
+from ._output import MAX_LINES_PER_RANK, MAX_PARTIAL_LINE, RankOutput
 from ._pool import _POOL, _cores, _loopback_ifname, _Pool, _Worker, shutdown
 from .errors import (
     WorkerError,
@@ -48,13 +49,8 @@ from .errors import (
 __all__ = ["run", "shutdown", "device", "WorkerError", "WorkerTimeout", "in_worker"]
 
 MAX_WORLD_SIZE = 64
-#: Lines of output shown per rank and call before the rest is counted and dropped.
-MAX_LINES_PER_RANK = int(os.environ.get("LABSUPPORT_MAX_LINES", "1000"))
 _FAILURE_GRACE = 0.4  # seconds to collect the other ranks' errors after the first failure
 _STACK_WAIT = 2.0  # at most this long for the stack dumps of deadlocked ranks
-#: A line without a newline is shown once it is this long, so that a rank printing without newlines cannot fill
-#: the notebook's memory.
-MAX_PARTIAL_LINE = 10_000
 _GPU_PROBE_TIMEOUT = 60.0  # seconds for a separate Python process to count the GPUs
 
 
@@ -328,43 +324,14 @@ class _Call:
         self.timeout = float(timeout)
         self.results: dict[int, object] = {}
         self.failures: dict[int, dict] = {}
-        self.shown = [0] * world_size
-        self.hidden = [0] * world_size
-        self.partial: dict[tuple[int, str], str] = {}  # (rank, stream) -> the start of a line still to come
+        self.output = RankOutput(world_size)
 
     # output ---------------------------------------------------------------------------------------------------
     def _emit(self, rank: int, stream: str, text: str) -> None:
-        target = sys.stdout if stream == "stdout" else sys.stderr
-        key = (rank, stream)  # a stdout fragment must never be glued to a line of stderr
-        lines = (self.partial.pop(key, "") + text).split("\n")
-        rest = lines.pop()  # '' when text ended with a newline
-        if len(rest) > MAX_PARTIAL_LINE:
-            lines.append(rest)
-        elif rest:
-            self.partial[key] = rest
-        out = []
-        for line in lines:
-            if self.shown[rank] < MAX_LINES_PER_RANK:
-                self.shown[rank] += 1
-                out.append(f"[rank {rank}] {line}\n")
-            else:
-                self.hidden[rank] += 1
-        if out:
-            target.write("".join(out))
-            target.flush()
+        self.output.emit(rank, stream, text)
 
     def _flush_output(self) -> None:
-        pending = sorted(self.partial.items())
-        self.partial.clear()
-        for (rank, stream), text in pending:
-            self._emit(rank, stream, text + "\n")
-        for rank in range(self.n):
-            if self.hidden[rank]:
-                sys.stdout.write(
-                    f"[rank {rank}] ... {self.hidden[rank]} more lines not shown "
-                    f"(at most {MAX_LINES_PER_RANK} lines per rank are shown)\n"
-                )
-        sys.stdout.flush()
+        self.output.flush()
 
     # messages -------------------------------------------------------------------------------------------------
     def _handle(self, rank: int, msg) -> None:

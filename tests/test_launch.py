@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 import labsupport
-from labsupport import _callboard, _pool, _worker, launch, magics
+from labsupport import _board, _callboard, _pool, _worker, launch, magics
 
 #: What the issue promises: a failure reaches the caller within this many seconds of happening.
 FAILURE_LATENCY = 2.0
@@ -371,7 +371,7 @@ def test_partial_lines_are_kept_per_stream_and_capped(capsys):
     call._emit(0, "stdout", "done\n")
     long = "y" * (launch.MAX_PARTIAL_LINE + 1)
     call._emit(1, "stdout", long)
-    assert call.partial == {}  # memory stays bounded: the long fragment is already shown
+    assert call.output.partial == {}  # memory stays bounded: the long fragment is already shown
     call._emit(1, "stderr", "no newline")
     call._flush_output()
     captured = capsys.readouterr()
@@ -382,8 +382,38 @@ def test_partial_lines_are_kept_per_stream_and_capped(capsys):
 def test_print_flood_is_capped_and_counted(capfd):
     assert labsupport.run(flood, 100_000, world_size=2, timeout=120) == ["flooded"] * 2
     out = capfd.readouterr().out.splitlines()
-    assert len(out) <= 2 * (launch.MAX_LINES_PER_RANK + 1)
-    assert any(f"{100_000 - launch.MAX_LINES_PER_RANK} more lines not shown" in line for line in out)
+    assert len(out) <= 2 * (launch.MAX_LINES_PER_RANK + 2)
+    assert any(f"… {100_000 - launch.MAX_LINES_PER_RANK} lines skipped …" in line for line in out)
+
+
+def test_long_output_keeps_its_head_and_its_tail(capfd):
+    """5,000 lines: the first 500 as they come, "… 4000 lines skipped …", then the last 500 (the final loss)."""
+    assert labsupport.run(flood, 5000, world_size=2) == ["flooded"] * 2
+    out = capfd.readouterr().out.splitlines()
+    for r in (0, 1):
+        mine = [line[len(f"[rank {r}] "):] for line in out if line.startswith(f"[rank {r}] ")]
+        head, tail = launch.MAX_LINES_PER_RANK // 2, launch.MAX_LINES_PER_RANK - launch.MAX_LINES_PER_RANK // 2
+        assert mine[:head] == [str(i) for i in range(head)]
+        assert mine[head].startswith("… more output: its last") and "appear when the call ends" in mine[head]
+        assert mine[head + 1] == f"… {5000 - head - tail} lines skipped …"
+        assert mine[head + 2:] == [str(i) for i in range(5000 - tail, 5000)]
+
+
+def test_output_memory_stays_bounded(capsys):
+    from labsupport._output import RankOutput
+
+    output = RankOutput(1, max_lines=6)
+    for i in range(10_000):
+        output.emit(0, "stdout" if i % 2 else "stderr", f"{i}\n")
+    output.emit(0, "stdout", "z" * (launch.MAX_PARTIAL_LINE * 3) + "\n")
+    assert len(output.tails[0]) == 3 and all(len(line) < launch.MAX_PARTIAL_LINE + 50 for _, line in output.tails[0])
+    output.flush()
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == ["[rank 0] 0", "[rank 0] 2", "[rank 0] 9998"]
+    assert captured.out.splitlines()[:2] == ["[rank 0] 1", "[rank 0] … more output: its last 3 lines appear when "
+                                             "the call ends …"]
+    assert captured.out.splitlines()[2:] == ["[rank 0] … 9995 lines skipped …", "[rank 0] 9999",
+                                             "[rank 0] " + "z" * launch.MAX_PARTIAL_LINE + " … (20000 more characters)"]
 
 
 def test_large_return_value():
@@ -619,15 +649,16 @@ def test_call_board_keeps_comm_counter_and_p2pop_working():
 
 def test_call_board_can_be_read_from_the_notebook(tmp_path):
     path = tmp_path / "board"
-    path.write_bytes(bytes(_pool.BOARD_SIZE))
-    board = _callboard._Board(str(path))
-    assert _pool.read_board(str(path)) == ""
+    _board.new_board(str(path))
+    assert path.stat().st_size == _board.BOARD_SIZE
+    board = _board.Board(str(path))
+    assert _board.read_board(str(path)) == ""
     board.post("recv(src=1) of 4 float32")
-    assert _pool.read_board(str(path)) == "recv(src=1) of 4 float32"
+    assert _board.read_board(str(path)) == "recv(src=1) of 4 float32"
     board.post("é" * 2000)  # longer than the board: cut, still readable
-    assert _pool.read_board(str(path)).startswith("éé")
+    assert _board.read_board(str(path)).startswith("éé")
     board.clear()
-    assert _pool.read_board(str(path)) == ""
+    assert _board.read_board(str(path)) == ""
 
 
 def test_a_stack_dump_read_too_early_is_not_taken_for_whole():
