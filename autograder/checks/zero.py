@@ -1,0 +1,324 @@
+"""Checks for notebook 06_zero: ``check_model_state_bytes``, ``check_ShardedOptimizer``, ``check_Zero2Optimizer``.
+
+The calculator is compared with the formulas on sizes, degrees, stages and K drawn at grading time, and with the
+paper's own numbers (Table 1 and the Figure 1 example of arXiv 1910.02054).
+
+The optimizers are trained on real workers (2, 3 and 4 ranks) on ``ZeroProbeNet``: parameters of uneven sizes, one
+of them odd-sized, and a frozen layer. Every rank runs a plain backward on its own slice of each batch; the oracle
+is the unsharded optimizer trained in one process on the whole batch (recomputed inside every worker). For AdamW
+(learning rate, weight decay, betas drawn) and SGD with momentum (a missing average is invisible to Adam, which is
+scale-invariant, but not to SGD), 10 steps each:
+
+* after every ``step()``, every rank's weights equal the oracle's (fp32, tight tolerance);
+* the optimizer state each rank holds (the ``state`` of every torch optimizer reachable from the student's object)
+  is about 1/N of the oracle's: at most Ψ/N plus the largest parameter per state tensor kind, and the ranks
+  together hold no more than one copy (plus padding);
+* one ``step()`` moves at most 2Ψ per rank (the paper's accounting, ``labsupport.lessons.zero.traffic_bytes``,
+  plus padding), as data parallelism does;
+* ZeRO-2: no all-reduce of gradients; after ``step()`` no model parameter has a ``.grad`` and the gradients the
+  rank still holds cover about 1/N of the elements.
+
+Probes keep the ranks in step: after each step every rank reports whether it found a problem (a small all-reduce
+outside the counted region) and all stop together.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import torch
+import torch.nn as nn
+
+from ._common import draw_seed, run_on_workers, short
+
+__all__ = ["check_model_state_bytes", "check_ShardedOptimizer", "check_Zero2Optimizer", "ZeroProbeNet",
+           "reference_model_state_bytes"]
+
+STEPS = 10
+ROWS = 12  # divisible by 2, 3 and 4
+D_IN, D_OUT = 10, 3
+RTOL, ATOL = 1e-4, 1e-6
+WORLD_SIZES = (2, 3, 4)
+
+
+def reference_model_state_bytes(num_params, dp_degree, stage, k=12):
+    """The formulas of the ZeRO paper (section 5): bytes of model state per device."""
+    psi, n = float(num_params), float(dp_degree)
+    return {0: (4 + k) * psi, 1: 4 * psi + k * psi / n, 2: 2 * psi + (2 + k) * psi / n, 3: (4 + k) * psi / n}[stage]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the calculator
+
+
+def check_model_state_bytes(model_state_bytes):
+    """Drawn sizes, degrees, stages and K against the formulas; the paper's Table 1 and Figure 1; ValueError."""
+    from labsupport.lessons.zero import PAPER_FIGURE1, PAPER_TABLE1
+
+    seed = draw_seed()
+    rng = random.Random(seed)
+
+    def call(*args, **kwargs):
+        try:
+            return model_state_bytes(*args, **kwargs)
+        except NotImplementedError:
+            raise AssertionError("model_state_bytes is not implemented yet (it raised NotImplementedError).") from None
+        except Exception as exc:
+            raise AssertionError(f"model_state_bytes{args} raised {type(exc).__name__}: {exc}") from None
+
+    hints = {0: "stage 0 holds everything on every device: (2 + 2 + K) Ψ",
+             1: "stage 1 shards only the optimizer state: 2Ψ + 2Ψ + KΨ/N",
+             2: "stage 2 shards gradients and optimizer state: 2Ψ + (2 + K)Ψ/N",
+             3: "stage 3 shards everything: (2 + 2 + K)Ψ/N"}
+    cases = [(7.5e9, 64, s, 12) for s in range(4)]
+    for _ in range(40):
+        psi = rng.choice([rng.randint(1, 10**6), rng.randint(10**6, 10**12), rng.uniform(1e6, 1e12)])
+        cases.append((psi, rng.choice([1, 2, 3, 7, 8, 64, 1000, rng.randint(1, 5000)]), rng.randint(0, 3),
+                      rng.choice([12, 4, 8, 16, 0, rng.randint(1, 20)])))
+    for psi, n, stage, k in cases:
+        got = call(psi, n, stage, k=k) if k != 12 or rng.random() < 0.5 else call(psi, n, stage)
+        expected = reference_model_state_bytes(psi, n, stage, k)
+        if not isinstance(got, (int, float)) or isinstance(got, bool):
+            raise AssertionError(f"model_state_bytes({psi!r}, {n}, {stage}, k={k}) returned {short(got)}: "
+                                 "return a number of bytes (int or float).")
+        if not math.isclose(got, expected, rel_tol=1e-9):
+            raise AssertionError(f"model_state_bytes({psi!r}, {n}, {stage}, k={k}) = {got!r}, expected {expected!r}"
+                                 f": {hints[stage]} (seed {seed}).")
+    for (psi, n), printed in PAPER_TABLE1.items():
+        for stage, value in zip((1, 2, 3), printed):
+            got = call(psi, n, stage) / 1e9
+            if abs(got - value) > max(1.0, 0.01 * value) and abs(got - value) / value > 0.01:
+                raise AssertionError(f"Table 1 of the paper: Ψ = {psi:g}, N = {n}, stage {stage}: {value} GB, "
+                                     f"yours {got:.4g} GB. {hints[stage]}.")
+    for stage, value in enumerate(PAPER_FIGURE1["gb"]):
+        got = call(PAPER_FIGURE1["num_params"], PAPER_FIGURE1["dp_degree"], stage) / 1e9
+        if abs(got - value) > 0.06 * max(1.0, value / 10):
+            raise AssertionError(f"The paper's Figure 1 (7.5B parameters, 64 GPUs): stage {stage} is {value} GB, "
+                                 f"yours {got:.4g} GB. {hints[stage]}.")
+    for bad in [(1e9, 8, 4), (1e9, 8, -1), (0, 8, 1), (-5, 8, 2), (1e9, 0, 1), (1e9, -2, 0)]:
+        try:
+            model_state_bytes(*bad)
+        except ValueError:
+            continue
+        except NotImplementedError:
+            raise AssertionError("model_state_bytes is not implemented yet (it raised NotImplementedError).") from None
+        except Exception as exc:
+            raise AssertionError(f"model_state_bytes{bad} raised {type(exc).__name__}: raise ValueError for a stage "
+                                 "outside 0..3 or a non-positive size.") from None
+        raise AssertionError(f"model_state_bytes{bad} returned instead of raising ValueError: stages are 0 to 3, "
+                             "num_params and dp_degree must be positive.")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the optimizers
+
+
+class ZeroProbeNet(nn.Module):
+    """Parameters of uneven sizes (an odd-sized gain vector among them) and a frozen layer. Trainable elements:
+    10*20+20 + 20*14+14 + 14*24+24 + 24*3+3 + 7 (gain, used on a slice) = 956; frozen: 14*14+14."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(D_IN, 20)
+        self.mid = nn.Linear(20, 14)
+        self.frozen = nn.Linear(14, 14)
+        self.frozen.requires_grad_(False)
+        self.wide = nn.Linear(14, 24)
+        self.gain = nn.Parameter(1.0 + 0.1 * torch.randn(7))
+        self.out = nn.Linear(24, D_OUT)
+
+    def forward(self, x):
+        h = torch.tanh(self.inp(x))
+        h = torch.tanh(self.frozen(torch.tanh(self.mid(h))))
+        h = torch.tanh(self.wide(h))
+        h = torch.cat([h[:, :7] * self.gain, h[:, 7:]], dim=1)
+        return self.out(h)
+
+
+def _make_model(seed: int) -> ZeroProbeNet:
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return ZeroProbeNet()
+
+
+def _data(seed: int):
+    gen = torch.Generator().manual_seed(seed + 11)
+    return torch.randn(STEPS, ROWS, D_IN, generator=gen), torch.randn(STEPS, ROWS, D_OUT, generator=gen)
+
+
+def _loss(model, x, y):
+    return ((model(x) - y) ** 2).mean()
+
+
+def _configs(seed: int):
+    rng = random.Random(seed)
+    adamw = {"lr": rng.choice([3e-3, 1e-2, 2e-2]), "weight_decay": rng.choice([0.01, 0.1]),
+             "betas": (rng.choice([0.8, 0.9]), rng.choice([0.99, 0.999]))}
+    sgd = {"lr": rng.choice([0.05, 0.1]), "momentum": rng.choice([0.8, 0.9])}
+    return [("SGD", sgd), ("AdamW", adamw)]
+
+
+def _agree(failure) -> bool:
+    import torch.distributed as dist
+
+    flag = torch.tensor([0 if failure is None else 1])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def _stop_if_any(failure):
+    """All ranks stop together; only the ranks that found a problem raise."""
+    if _agree(failure):
+        if failure is not None:
+            raise AssertionError(failure)
+        return True
+    return False
+
+
+def _student(what, fn, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs), None
+    except NotImplementedError:
+        raise
+    except AssertionError as exc:
+        return None, f"{what} raised AssertionError: {exc}"
+    except Exception as exc:
+        return None, f"{what} raised {type(exc).__name__}: {exc}"
+
+
+def _state_elements(opts) -> int:
+    """Elements of per-parameter state tensors (0-dim step counters left out)."""
+    return sum(v.numel() for o in opts for s in o.state.values() for v in s.values()
+               if isinstance(v, torch.Tensor) and v.dim() > 0)
+
+
+def _probe(cls, cls_name, zero2, seed):
+    import torch.distributed as dist
+
+    from labsupport import CommCounter
+    from labsupport.lessons.zero import find_optimizers, traffic_bytes
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    X, Y = _data(seed)
+    report = []
+    for opt_name, kwargs in _configs(seed):
+        optimizer_cls = getattr(torch.optim, opt_name)
+        model, oracle = _make_model(seed), _make_model(seed)
+        names = {id(p): n for n, p in model.named_parameters()}
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        psi = sum(p.numel() for p in trainable)
+        largest = max(p.numel() for p in trainable)
+        pad = world * len(trainable)  # room for padding, up to one partial row per parameter
+        oracle_opt = optimizer_cls(oracle.parameters(), **kwargs)
+        setup = f"{cls_name}(model.parameters(), torch.optim.{opt_name}, **{kwargs}) on {world} ranks (seed {seed})"
+        opt, failure = _student(f"{cls_name}(...) with torch.optim.{opt_name}", cls, model.parameters(),
+                                optimizer_cls, **kwargs)
+        if _stop_if_any(failure):
+            return None
+        volumes = []
+        for step in range(STEPS):
+            x, y = X[step].chunk(world)[rank], Y[step].chunk(world)[rank]
+            _, failure = _student(f"{cls_name}.zero_grad()", opt.zero_grad)
+            if failure is None:
+                left = [names[id(p)] for p in model.parameters() if p.grad is not None and p.grad.abs().sum() > 0]
+                if left:
+                    failure = (f"{setup}: after zero_grad() at step {step}, rank {rank} still has a non-zero gradient "
+                               f"in '{left[0]}': zero_grad() must clear (or set to None) every parameter's .grad.")
+            if _stop_if_any(failure):
+                return None
+            _loss(model, x, y).backward()
+            with CommCounter() as cc:
+                _, failure = _student(f"{cls_name}.step() (step {step})", opt.step)
+            if _stop_if_any(failure):
+                return None
+            oracle_opt.zero_grad()
+            _loss(oracle, X[step], Y[step]).backward()
+            oracle_opt.step()
+            # the weights, on every rank
+            for (name, p), q in zip(model.named_parameters(), oracle.parameters()):
+                if not (p.shape == q.shape and torch.allclose(p.detach(), q.detach(), rtol=RTOL, atol=ATOL)):
+                    hint = ("it is frozen (requires_grad=False): leave it out of the shards, so that it is never "
+                            "updated" if not p.requires_grad else
+                            "if this rank does not own it, step() must bring it the owner's updated values "
+                            "(broadcast from the owner, or all-gather the shards), and the owner must be the same "
+                            "on every rank; gradients must be averaged (sum / N) before the update")
+                    failure = (f"{setup}: after step {step}, rank {rank}'s '{name}' differs from the unsharded "
+                               f"optimizer's: got {short(p)}, expected {short(q)}; {hint}.")
+                    break
+            if _stop_if_any(failure):
+                return None
+            # communication
+            volume = traffic_bytes(cc.calls, world)
+            volumes.append(volume)
+            elt = trainable[0].element_size()
+            limit = 2 * psi * elt + 2 * pad * elt + 64
+            reduced = sum(c.nbytes for c in cc.calls if c.kind == "all_reduce")
+            if zero2 and reduced > 0.25 * psi * elt:
+                failure = (f"{setup}: step {step} on rank {rank} all-reduced {reduced} bytes: in ZeRO-2 each rank must "
+                           "receive only the averaged gradient of its own shard, so reduce-scatter the flat gradient "
+                           "(dist.reduce_scatter) instead of all-reducing it.")
+            elif volume > limit:
+                kinds = sorted({c.kind for c in cc.calls})
+                failure = (f"{setup}: one step() on rank {rank} moved {volume / (psi * elt):.2f}Ψ (the paper's "
+                           f"accounting: all-reduce 2n, reduce/broadcast/reduce-scatter n, all-gather N·n; calls: "
+                           f"{', '.join(kinds)}); ZeRO should cost what data parallelism costs, 2Ψ: send each gradient "
+                           "only to its owner (dist.reduce, or reduce-scatter), then send each updated shard once "
+                           "(broadcast from its owner, or all-gather).")
+            elif zero2:
+                held = [names[id(p)] for p in model.parameters() if p.grad is not None]
+                if held:
+                    failure = (f"{setup}: after step {step}, rank {rank} still holds the gradient of '{held[0]}' "
+                               "(p.grad): ZeRO-2 keeps only its shard of the averaged gradient; free the others "
+                               "(p.grad = None) once they are copied into the flat buffer.")
+                else:
+                    own_grads = {id(t.grad): t.grad.numel() for o in find_optimizers(opt) for g in o.param_groups
+                                 for t in g["params"] if t.grad is not None}
+                    if sum(own_grads.values()) > psi / world + largest + pad:
+                        failure = (f"{setup}: after step {step}, rank {rank}'s optimizer still holds gradients of "
+                                   f"{sum(own_grads.values())} elements, out of Ψ = {psi}: keep only this rank's "
+                                   f"shard (about Ψ/N = {math.ceil(psi / world)}).")
+            if _stop_if_any(failure):
+                return None
+            # state
+            if step == 0:
+                opts = find_optimizers(opt)
+                mine = _state_elements(opts)
+                kinds_per_param = _state_elements([oracle_opt]) // psi
+                bound = kinds_per_param * (psi / world + largest + world)
+                if not opts:
+                    failure = (f"{setup}: no torch.optim optimizer found in your object: build optimizer_cls over "
+                               "this rank's shard and keep it as an attribute (e.g. self.optim).")
+                elif mine > bound:
+                    failure = (f"{setup}: rank {rank} holds optimizer state for {mine} elements; the unsharded "
+                               f"optimizer holds {kinds_per_param * psi} in all, so each of {world} ranks should hold "
+                               f"about 1/{world} of it (at most {int(bound)}: Ψ/N plus the largest parameter, per "
+                               "state tensor). Build optimizer_cls over this rank's shard only.")
+                else:
+                    total = torch.tensor([mine])
+                    dist.all_reduce(total)
+                    if total.item() > kinds_per_param * (psi + pad):
+                        failure = (f"{setup}: the ranks together hold optimizer state for {total.item()} elements, "
+                                   f"more than one copy ({kinds_per_param * psi}): the shards must not overlap.")
+                if _stop_if_any(failure):
+                    return None
+        report.append((opt_name, max(volumes) / (psi * trainable[0].element_size())))
+    return report
+
+
+def _check_optimizer(cls, cls_name, zero2):
+    seed = draw_seed()
+    what = f"{cls_name} (seed {seed})"
+    for world in WORLD_SIZES:
+        run_on_workers(_probe, cls, cls_name, zero2, seed, world_size=world, what=what, timeout=30)
+
+
+def check_ShardedOptimizer(ShardedOptimizer):
+    """ZeRO-1: SGD with momentum and AdamW, 10 steps on 2, 3 and 4 ranks: weights equal to the unsharded optimizer,
+    about 1/N of the state per rank, at most 2Ψ moved per step."""
+    _check_optimizer(ShardedOptimizer, "ShardedOptimizer", zero2=False)
+
+
+def check_Zero2Optimizer(Zero2Optimizer):
+    """ZeRO-2: as ZeRO-1, plus: gradients reduce-scattered (no all-reduce), no full gradient held after step()."""
+    _check_optimizer(Zero2Optimizer, "Zero2Optimizer", zero2=True)
