@@ -1,4 +1,4 @@
-"""Command line: ``python -m autograder {release,grade,check} ...`` (``--help`` on each)."""
+"""Command line: ``python -m autograder {release,grade,merge,student-edition,check} ...`` (``--help`` on each)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,16 @@ def _check_output_dir(out: str) -> None:
             raise CourseError(f"--out {out}: {existing} exists and is not a directory")
 
 
+def _shard(text: str) -> tuple[int, int]:
+    try:
+        k, n = (int(v) for v in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected K/N such as 2/8, got {text!r}") from None
+    if n < 1 or not 1 <= k <= n:
+        raise argparse.ArgumentTypeError(f"expected 1 <= K <= N, got {text!r}")
+    return k, n
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m autograder",
@@ -64,6 +74,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", default="grading-out", help="output directory (default: grading-out)")
     p.add_argument("--cell-timeout", metavar="S", type=_positive, default=CELL_TIMEOUT,
                    help=f"seconds a cell may run before it is interrupted (default: {CELL_TIMEOUT})")
+    p.add_argument("--shard", metavar="K/N", type=_shard, default=None,
+                   help="grade only the K-th of N slices of the students (K from 1; students in sorted order, "
+                        "dealt round-robin), e.g. one task of a SLURM job array; join the outputs with merge")
+    _add_course(p)
+
+    p = sub.add_parser("merge", help="merge the outputs of several grade --shard runs",
+                       description="Merge the output directories of grade runs (e.g. the N shards of a job array) "
+                                   "into one: grades.csv, feedback/, logs/ and gradebook.db. A notebook graded "
+                                   "in two of them is an error.")
+    p.add_argument("outputs", metavar="OUT", nargs="+", help="output directories of grade runs")
+    p.add_argument("--out", metavar="DIR", required=True, help="where to write the merged output")
+
+    p = sub.add_parser("student-edition", help="write the tree students receive (no solutions, no hidden tests)",
+                       description="Write DIR: a git-ready copy of the course for students: release notebooks, "
+                                   "labsupport, the autograder package without its hidden checks (so that "
+                                   "`check` runs the visible tests), ./course, pyproject.toml, environment.yml and "
+                                   "a README for students. No solutions/, no autograder/checks/, no tests.")
+    p.add_argument("dest", metavar="DIR", help="target directory (must not exist, or be empty)")
+    p.add_argument("--force", action="store_true", help="replace DIR if it exists")
     _add_course(p)
 
     p = sub.add_parser("check", help="run a notebook's visible tests and print a local score",
@@ -98,7 +127,20 @@ def main(argv=None) -> int:
             if args.jobs < 1:
                 raise CourseError("--jobs must be at least 1")
             _check_output_dir(args.out)
-            grade(args.submissions, Course.at(args.course), args.assignment, args.jobs, args.out, args.cell_timeout)
+            grade(args.submissions, Course.at(args.course), args.assignment, args.jobs, args.out, args.cell_timeout,
+                  shard=args.shard)
+            return 0
+        if args.command == "merge":
+            from .shards import merge
+
+            _check_output_dir(args.out)
+            merge(args.outputs, args.out)
+            return 0
+        if args.command == "student-edition":
+            from .edition import write_edition
+
+            path = write_edition(Course.at(args.course), args.dest, force=args.force)
+            print(f"Wrote the student edition to {path}")
             return 0
         if args.command == "check":
             from .check import check

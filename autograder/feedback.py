@@ -49,6 +49,7 @@ class Summary:
     reason: str
     tests: list[TestOutcome] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    flags: list[str] = field(default_factory=list)
 
 
 def source_text(cell) -> str:
@@ -225,6 +226,11 @@ def render(summary: Summary, nb=None) -> str:
         status = f'<p class="status-failed"><strong>Not graded automatically.</strong> {esc(summary.reason)}</p>'
     notes = "".join(f"<li>{esc(n)}</li>" for n in summary.notes)
     notes = f"<p>Notes from the grader:</p><ul>{notes}</ul>" if notes else ""
+    if summary.flags:
+        items = "".join(f"<li>{esc(f)}</li>" for f in summary.flags)
+        notes += ('<div class="status-failed"><p><strong>Flagged for review.</strong> Your instructor will look at '
+                  "these parts of your notebook (code an answer never needs, or hidden tests whose outcome "
+                  f"differed between your notebook's run and the grader's own):</p><ul>{items}</ul></div>")
     body = ""
     if nb is not None:
         exporter, style = _exporter()

@@ -207,14 +207,40 @@ def summary_table(results: list[Result], width: int = 70) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+def flagged_lines(results: list[Result]) -> list[str]:
+    """One line per flagged notebook, for the summary."""
+    return [f"  {r.student}/{r.assignment}: {'; '.join(r.flags)}" for r in
+            sorted(results, key=lambda r: (r.student, r.assignment)) if r.flags]
+
+
+def shard_of(tasks: list[Task], shard: tuple[int, int] | None) -> list[Task]:
+    """The tasks of the K-th of N slices (K from 1): the students in sorted order, dealt round-robin, so each slice
+    gets every K-th student with all of their notebooks and the same input always gives the same slices."""
+    if shard is None:
+        return tasks
+    k, n = shard
+    students = sorted({t.student for t in tasks})
+    mine = {s for i, s in enumerate(students) if i % n == k - 1}
+    return [t for t in tasks if t.student in mine]
+
+
 def grade(submissions, course: Course, assignment: str | None = None, jobs: int = 1, out="grading-out",
-          cell_timeout: float = CELL_TIMEOUT, stream=None) -> list[Result]:
-    """Grade ``submissions`` into ``out`` (see the module docstring); returns the results in CSV order."""
+          cell_timeout: float = CELL_TIMEOUT, stream=None, shard: tuple[int, int] | None = None) -> list[Result]:
+    """Grade ``submissions`` into ``out`` (see the module docstring); returns the results in CSV order.
+
+    ``shard=(K, N)`` grades only the K-th of N slices of the students (see ``shard_of``); ``merge`` joins the
+    outputs of all N.
+    """
     stream = stream or sys.stdout
     submissions, out = Path(submissions).resolve(), Path(out).resolve()
     if jobs < 1:
         raise CourseError("--jobs must be at least 1")
-    tasks = discover(submissions, course, assignment)
+    tasks = shard_of(discover(submissions, course, assignment), shard)
+    if not tasks:
+        print(f"shard {shard[0]}/{shard[1]} has no students (there are fewer students than shards)", file=stream)
+        out.mkdir(parents=True, exist_ok=True)
+        write_csv(out / "grades.csv", [])
+        return []
     assignments = sorted({t.assignment for t in tasks})
     out.mkdir(parents=True, exist_ok=True)
     for t in tasks:  # a page or log left by an earlier run must not pass for this run's
@@ -239,6 +265,10 @@ def grade(submissions, course: Course, assignment: str | None = None, jobs: int 
     write_csv(out / "grades.csv", results)
     ok = sum(r.status == "ok" for r in results)
     print(summary_table(results), file=stream)
+    flagged = flagged_lines(results)
+    if flagged:
+        print(f"\nFlagged for review ({len(flagged)}): see the flags column of grades.csv", file=stream)
+        print("\n".join(flagged), file=stream)
     print(f"\nGraded {len(results)} notebooks in {time.monotonic() - started:.1f} s with {jobs} job(s): "
           f"{ok} ok, {len(results) - ok} failed.\nWrote {out / 'grades.csv'}, {out / 'feedback'}/ and "
           f"{out / 'gradebook.db'}.", file=stream)

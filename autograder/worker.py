@@ -22,9 +22,11 @@ from pathlib import Path
 from . import feedback as fb
 from .course import RELEASE, SOURCE
 from .execute import CURRENT, cell_label, guarded_execute_class, kernel_env, nbgrader_meta, reset_record
+from .judge import judge_spec
+from .screen import screen_notebook
 
 INFRA_ATTEMPTS = 3  # tries of nbgrader autograde when it fails before any cell of the submission ran
-CSV_COLUMNS = ["student", "assignment", "points", "max_points", "status", "reason", "tampered_cells"]
+CSV_COLUMNS = ["student", "assignment", "points", "max_points", "status", "reason", "tampered_cells", "flags"]
 MAX_REASON = 1000
 
 
@@ -47,12 +49,13 @@ class Result:
     tampered_cells: list[str] = field(default_factory=list)
     tests: list[dict] = field(default_factory=list)   # {"grade_id", "points", "max_points", "message"}
     seconds: float = 0.0
+    flags: list[str] = field(default_factory=list)     # "cell: reason", for a person to review
 
     def row(self) -> dict:
         return {
             "student": self.student, "assignment": self.assignment, "points": f"{self.points:g}",
             "max_points": f"{self.max_points:g}", "status": self.status, "reason": self.reason,
-            "tampered_cells": ";".join(self.tampered_cells),
+            "tampered_cells": ";".join(self.tampered_cells), "flags": "; ".join(self.flags),
         }
 
 
@@ -91,7 +94,40 @@ def init_worker(template: str, work_root: str, out_dir: str, cell_timeout: float
     preprocessors = [guarded_execute_class() if p is Execute else p for p in defaults]
     api = nbgrader_api(course_dir, cell_timeout=cell_timeout, Autograde__autograde_preprocessors=preprocessors)
     _WORKER.update(root=course_dir, api=api, out=Path(out_dir), timeout=cell_timeout,
-                   releases={}, sources={}, secrets={}, running=Path(work_root) / "running")
+                   releases={}, sources={}, secrets={}, running=Path(work_root) / "running",
+                   course_root=course_root, judge=None, judge_logs=root.with_suffix(".judges"))
+    _WORKER["judge_logs"].mkdir(exist_ok=True)
+    _spare_judge()
+    # a grader worker ends with os._exit: multiprocessing's finalizers still run, atexit handlers do not
+    import multiprocessing.util
+
+    multiprocessing.util.Finalize(None, _close_spare, exitpriority=10)
+
+
+def _close_spare():
+    judge = _WORKER.get("judge")
+    if judge is not None:
+        judge.close()
+
+
+def _spare_judge():
+    """Start the judge for the next submission now: its start-up overlaps this submission's kernel run."""
+    from .judge import Judge
+
+    try:
+        _WORKER["judge"] = Judge(_WORKER["course_root"], _WORKER["judge_logs"])
+    except OSError:
+        _WORKER["judge"] = None
+
+
+def _take_judge():
+    from .judge import Judge
+
+    judge = _WORKER.get("judge")
+    if judge is None or judge.proc.poll() is not None:
+        judge = Judge(_WORKER["course_root"], _WORKER["judge_logs"])
+    _spare_judge()
+    return judge
 
 
 def _release(aid: str):
@@ -279,12 +315,53 @@ def grade_task(task: Task) -> Result:
     outcomes = [fb.TestOutcome(**t) for t in result.tests]
     summary = fb.Summary(task.student, task.assignment, result.points, total, result.status, result.reason,
                          outcomes, summary_notes)
+    summary.flags = list(result.flags)
     clean = fb.clean_notebook(graded, release, {o.grade_id: o for o in outcomes}, secret) if graded else None
     page = _WORKER["out"] / "feedback" / task.student / f"{task.assignment}.html"
     page.parent.mkdir(parents=True, exist_ok=True)
     page.write_text(fb.render(summary, clean), encoding="utf-8")
     result.seconds = time.monotonic() - started
     return result
+
+
+def _judge_timeout(n_tests: int) -> float:
+    return 120.0 + n_tests * (_WORKER["timeout"] + 30.0)
+
+
+def _judged(outcomes: list, judge, result: Result, secret) -> list:
+    """The kernel's outcomes with the judge's points; a test where the two differ is flagged."""
+    from .judge import Judge, verdicts_to_points
+
+    full = {o.grade_id: o.max_points for o in outcomes}
+    report = judge.result(_judge_timeout(len(full)))
+    if report.get("error") and "did not finish" not in report["error"]:
+        # the judge itself failed (not a time-out that student code can cause): one more try, from scratch
+        again = Judge(_WORKER["course_root"], _WORKER["judge_logs"])
+        again.start(dict(judge.spec_sent))
+        report = again.result(_judge_timeout(len(full)))
+    verdicts = verdicts_to_points(report, full)
+    judged, disagree = [], []
+    for o in outcomes:
+        points, message = verdicts[o.grade_id]
+        kernel_passed = o.message is None and o.points >= o.max_points
+        if kernel_passed != (message is None):
+            disagree.append(f"{o.grade_id} (kernel: {'passed' if kernel_passed else 'failed'}, judge: "
+                            f"{'passed' if message is None else 'failed: ' + _one_line(fb.clean_value(message, secret), 120)})")
+        if message is not None and o.message is None:
+            o = fb.TestOutcome(o.grade_id, points, o.max_points, fb.clean_value(message, secret) or "failed")
+        elif message is None:
+            o = fb.TestOutcome(o.grade_id, points, o.max_points, None)
+        else:
+            o = fb.TestOutcome(o.grade_id, points, o.max_points, o.message)
+        judged.append(o)
+    if report.get("error"):
+        result.flags.append(f"judge: {report['error']}")
+    if disagree:
+        result.flags.append("hidden tests: the kernel's run and the judge's differ on " + ", ".join(disagree))
+        skipped = [s for s in report.get("skipped", []) if "`" in s]
+        if skipped:
+            result.flags.append("judge skipped definitions: " + "; ".join(skipped)[:400])
+    return judged
 
 
 def _grade_notebook(task: Task, release, secret, result: Result, notes: list[str]):
@@ -300,6 +377,10 @@ def _grade_notebook(task: Task, release, secret, result: Result, notes: list[str
     repaired, report = repair(nb, release, _WORKER["sources"][task.assignment])
     _unique_ids(repaired)
     result.tampered_cells = report.tampered_cells
+    result.flags = [str(f) for f in screen_notebook(repaired, release)]
+    # the judge gets the student's cells now, from the file, before any kernel runs them
+    judge = _take_judge()
+    judge.start(judge_spec(repaired, _WORKER["sources"][task.assignment], release, _WORKER["timeout"]))
     root, api = _WORKER["root"], _WORKER["api"]
     submitted = root / "submitted" / task.student / task.assignment
     autograded = root / "autograded" / task.student / task.assignment
@@ -318,6 +399,7 @@ def _grade_notebook(task: Task, release, secret, result: Result, notes: list[str
     tamper_notes = report.notes()
     try:
         if not outcome.get("success"):
+            judge.close()
             log = _WORKER["out"] / "logs" / task.student / f"{task.assignment}.log"
             log.parent.mkdir(parents=True, exist_ok=True)
             log.write_text((outcome.get("log") or "") + "\n" + (outcome.get("error") or ""), encoding="utf-8")
@@ -333,6 +415,7 @@ def _grade_notebook(task: Task, release, secret, result: Result, notes: list[str
             sub = gb.find_submission_notebook(task.assignment, task.assignment, task.student)
             scores = {g.name: (float(g.score), float(g.max_score)) for g in sub.grades}
         outcomes = _outcomes(graded, scores, secret)
+        outcomes = _judged(outcomes, judge, result, secret)
         result.tests = [asdict(o) for o in outcomes]
         result.points = float(sum(o.points for o in outcomes))
         result.status = "ok"
@@ -351,5 +434,6 @@ def _grade_notebook(task: Task, release, secret, result: Result, notes: list[str
         result.reason = _compose(parts)
         return graded
     finally:
+        judge.close()
         shutil.rmtree(submitted.parent, ignore_errors=True)
         shutil.rmtree(autograded.parent, ignore_errors=True)

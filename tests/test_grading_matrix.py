@@ -76,7 +76,7 @@ def matrix(tmp_path_factory):
 def test_every_student_has_one_row(matrix):
     assert sorted(matrix["grades"]) == sorted((s, demo.DEMO) for s in STUDENTS)
     header = (matrix["out"] / "grades.csv").read_text().splitlines()[0]
-    assert header == "student,assignment,points,max_points,status,reason,tampered_cells"
+    assert header == "student,assignment,points,max_points,status,reason,tampered_cells,flags"
 
 
 @pytest.mark.parametrize("student", STUDENTS)
