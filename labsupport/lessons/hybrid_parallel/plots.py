@@ -1,0 +1,132 @@
+"""Figures of notebook 08 (matplotlib). Each function returns the figure."""
+
+from __future__ import annotations
+
+__all__ = ["plot_parallel_groups", "plot_loss_curves", "plot_all_to_all", "plot_memory_plan"]
+
+_TP, _DP, _PP = "#4C72B0", "#DD8452", "#55A868"
+
+
+def _plt():
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _position(groups: dict, world_size: int) -> dict:
+    """Each rank's (pp, dp, tp) coordinates, read off the groups it is given: its index inside its pipeline
+    group, its data-parallel group and its tensor-parallel group."""
+    where = {}
+    for dim in ("pp", "dp", "tp"):
+        for group in groups[dim]:
+            for index, rank in enumerate(group):
+                where.setdefault(rank, {})[dim] = index
+    missing = [r for r in range(world_size) if len(where.get(r, {})) != 3]
+    if missing:
+        raise ValueError(f"ranks {missing} are missing from some group: every rank belongs to one group per dimension")
+    return where
+
+
+def plot_parallel_groups(groups: dict, world_size: int, title: str | None = None):
+    """Draw ``world_size`` ranks as a grid: one panel per pipeline stage, data-parallel replicas as rows,
+    tensor-parallel ranks as columns. Positions come from ``groups`` (``{"tp": [...], "dp": [...], "pp": [...]}``,
+    e.g. what ``parallel_groups`` returns); tensor-parallel groups are outlined in blue, data-parallel groups joined
+    by orange lines, pipeline groups by green arrows between the panels."""
+    plt = _plt()
+    where = _position(groups, world_size)
+    pp = max(w["pp"] for w in where.values()) + 1
+    dp = max(w["dp"] for w in where.values()) + 1
+    tp = max(w["tp"] for w in where.values()) + 1
+    gap = 1.2
+    xy = {r: (w["pp"] * (tp + gap) + w["tp"], -w["dp"]) for r, w in where.items()}
+    fig, ax = plt.subplots(figsize=(1.6 + 1.1 * pp * (tp + gap), 1.2 + 1.0 * dp))
+    for s in range(pp):
+        x0 = s * (tp + gap) - 0.55
+        ax.add_patch(plt.Rectangle((x0, -dp + 0.4), tp + 0.1, dp + 0.2, fill=False, ls=":", ec="grey"))
+        ax.text(x0 + (tp + 0.1) / 2, 0.75, f"pipeline stage {s}", ha="center", fontsize=9)
+    for group in groups["tp"]:
+        xs = [xy[r][0] for r in group]
+        ax.add_patch(plt.Rectangle((min(xs) - 0.42, xy[group[0]][1] - 0.32), max(xs) - min(xs) + 0.84, 0.64,
+                                   fill=False, ec=_TP, lw=2))
+    for group in groups["dp"]:
+        ax.plot([xy[r][0] for r in group], [xy[r][1] for r in group], color=_DP, lw=2, zorder=1)
+    for group in groups["pp"]:
+        for a, b in zip(group, group[1:]):
+            (xa, ya), (xb, yb) = xy[a], xy[b]
+            ax.annotate("", xy=(xb - 0.3, yb + 0.12), xytext=(xa + 0.3, ya + 0.12),
+                        arrowprops=dict(arrowstyle="->", color=_PP, lw=1.2, connectionstyle="arc3,rad=-0.15"))
+    for r, (x, y) in xy.items():
+        ax.add_patch(plt.Circle((x, y), 0.26, color="white", ec="black", zorder=2))
+        ax.text(x, y, str(r), ha="center", va="center", fontsize=10, zorder=3)
+    ax.plot([], [], color=_TP, lw=2, label=f"tensor-parallel group ({tp} ranks)")
+    ax.plot([], [], color=_DP, lw=2, label=f"data-parallel group ({dp} ranks)")
+    ax.plot([], [], color=_PP, lw=1.2, label=f"pipeline group ({pp} ranks)")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=3, fontsize=8, frameon=False)
+    ax.set_xlim(-0.8, pp * (tp + gap) - gap + 0.3)
+    ax.set_ylim(-dp + 0.2, 1.1)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title(title or f"{world_size} ranks: tp={tp}, dp={dp}, pp={pp} (rows: data-parallel replicas)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_loss_curves(curves: dict, title: str = "training loss"):
+    """``curves``: label → list of losses per step. Later curves are drawn dashed on top of earlier ones, so
+    curves that agree show as one line."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 3.4))
+    styles = ["-", "--", ":", "-."]
+    for i, (label, losses) in enumerate(curves.items()):
+        ax.plot(range(1, len(losses) + 1), losses, styles[i % len(styles)], lw=2.5 if i == 0 else 1.6,
+                marker="o" if i == 0 else None, ms=3, label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_all_to_all(matrix, title: str = "bytes sent by all-to-all", unit: str = "KiB"):
+    """``matrix[i][j]``: bytes rank i sent to rank j in one all-to-all (a heat map with the numbers written in)."""
+    plt = _plt()
+    scale = {"B": 1, "KiB": 1024, "MiB": 2**20}[unit]
+    n = len(matrix)
+    fig, ax = plt.subplots(figsize=(1.2 + 0.8 * n, 1.0 + 0.7 * n))
+    data = [[v / scale for v in row] for row in matrix]
+    ax.imshow(data, cmap="Blues")
+    for i in range(n):
+        for j in range(n):
+            ax.text(j, i, f"{data[i][j]:.3g}", ha="center", va="center", fontsize=8,
+                    color="grey" if i == j else "black")
+    ax.set_xticks(range(n))
+    ax.set_yticks(range(n))
+    ax.set_xlabel("to rank")
+    ax.set_ylabel("from rank")
+    ax.set_title(f"{title} ({unit}; the diagonal stays on its rank)", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_memory_plan(rows, memory_bytes: float, title: str = "memory per GPU"):
+    """``rows``: list of (label, {"model_state": bytes, "activations": bytes}); stacked horizontal bars in GB
+    with the GPU's memory as a vertical line."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7.5, 0.9 + 0.32 * len(rows)))
+    labels = [label for label, _ in rows]
+    state = [r["model_state"] / 1e9 for _, r in rows]
+    act = [r["activations"] / 1e9 for _, r in rows]
+    ys = range(len(rows))
+    ax.barh(ys, state, color="#4C72B0", label="model state (ZeRO's 2Ψ + 2Ψ + KΨ, sharded)")
+    ax.barh(ys, act, left=state, color="#DD8452", label="activations (Korthikanti et al. 2022)")
+    ax.axvline(memory_bytes / 1e9, color="black", ls="--", lw=1)
+    ax.text(memory_bytes / 1e9, len(rows) - 0.4, f" {memory_bytes / 1e9:.0f} GB", fontsize=8, va="bottom")
+    ax.set_yticks(list(ys))
+    ax.set_yticklabels(labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("GB per GPU")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,334 @@
+"""autograder.checks.hybrid_parallel: correct implementations pass; planted bugs lose the points with the right
+message.
+
+parallel_groups: the loop version and a reshape version with the groups listed in another order pass; tp and dp
+swapped, pipeline innermost, no ValueError fail. dispatch/combine (real workers, 2 to 4 ranks): the
+``all_to_all_single`` version and one that picks rows with masks and puts them back with ``index_copy_`` pass; dropping the empty experts'
+tensors, rows in the wrong order, returning rows in expert order, send/recv instead of an all-to-all, gathering
+every row on every rank fail. The planner: a rewritten formula passes; forgetting 1/t, ignoring sequence
+parallelism, dividing full recomputation by t, ZeRO's 1/dp forgotten, every micro-batch counted in flight fail.
+"""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from autograder.checks.hybrid_parallel import (
+    check_activation_bytes,
+    check_combine_tokens,
+    check_dispatch_tokens,
+    check_fits,
+    check_parallel_groups,
+    reference_activation_bytes,
+    reference_fits,
+    reference_parallel_groups,
+)
+
+# ---------------------------------------------------------------------------------------------------------------
+# parallel_groups
+
+
+def groups_loops(world_size, tp, pp):
+    if world_size % (tp * pp):
+        raise ValueError("tp·pp must divide world_size")
+    dp = world_size // (tp * pp)
+    rank = lambda t, d, p: t + tp * d + tp * dp * p  # noqa: E731
+    return {"tp": [[rank(t, d, p) for t in range(tp)] for p in range(pp) for d in range(dp)],
+            "dp": [[rank(t, d, p) for d in range(dp)] for p in range(pp) for t in range(tp)],
+            "pp": [[rank(t, d, p) for p in range(pp)] for d in range(dp) for t in range(tp)]}
+
+
+def groups_reshape_other_order(world_size, tp, pp):
+    """Correct alternative: DeviceMesh's grid, groups listed in reverse and as tuples."""
+    groups = reference_parallel_groups(world_size, tp, pp)
+    return {k: [tuple(g) for g in reversed(v)] for k, v in groups.items()}
+
+
+def groups_tp_dp_swapped(world_size, tp, pp):
+    if world_size % (tp * pp):
+        raise ValueError("no")
+    dp = world_size // (tp * pp)
+    rank = lambda t, d, p: d + dp * t + tp * dp * p  # noqa: E731
+    return {"tp": [[rank(t, d, p) for t in range(tp)] for p in range(pp) for d in range(dp)],
+            "dp": [[rank(t, d, p) for d in range(dp)] for p in range(pp) for t in range(tp)],
+            "pp": [[rank(t, d, p) for p in range(pp)] for d in range(dp) for t in range(tp)]}
+
+
+def groups_pp_innermost(world_size, tp, pp):
+    if world_size % (tp * pp):
+        raise ValueError("no")
+    dp = world_size // (tp * pp)
+    rank = lambda t, d, p: p + pp * t + pp * tp * d  # noqa: E731
+    return {"tp": [[rank(t, d, p) for t in range(tp)] for p in range(pp) for d in range(dp)],
+            "dp": [[rank(t, d, p) for d in range(dp)] for p in range(pp) for t in range(tp)],
+            "pp": [[rank(t, d, p) for p in range(pp)] for d in range(dp) for t in range(tp)]}
+
+
+def groups_no_error(world_size, tp, pp):
+    return groups_loops(world_size - world_size % (tp * pp), tp, pp)
+
+
+def groups_todo(world_size, tp, pp):
+    raise NotImplementedError()
+
+
+def test_parallel_groups_correct_passes():
+    check_parallel_groups(groups_loops)
+    check_parallel_groups(groups_reshape_other_order)
+
+
+@pytest.mark.parametrize("impl, expected", [
+    (groups_tp_dp_swapped, "tensor-parallel ranks are adjacent"),
+    (groups_pp_innermost, "pipeline is the outermost"),
+    (groups_no_error, "should raise ValueError"),
+    (groups_todo, "not implemented yet"),
+])
+def test_parallel_groups_bugs_fail(impl, expected):
+    with pytest.raises(AssertionError) as info:
+        check_parallel_groups(impl)
+    assert expected in str(info.value), str(info.value)
+
+
+def test_reference_groups_match_the_rule():
+    g = reference_parallel_groups(8, 2, 2)
+    assert g == {"tp": [[0, 1], [2, 3], [4, 5], [6, 7]], "dp": [[0, 2], [1, 3], [4, 6], [5, 7]],
+                 "pp": [[0, 4], [1, 5], [2, 6], [3, 7]]}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# dispatch_tokens / combine_tokens
+
+
+def _counts(expert_of_token, num_experts):
+    world = dist.get_world_size()
+    send = torch.bincount(expert_of_token, minlength=num_experts).view(world, num_experts // world)
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send)
+    return send, recv
+
+
+def dispatch_single(tokens, expert_of_token, num_experts):
+    world = dist.get_world_size()
+    k = num_experts // world
+    send, recv = _counts(expert_of_token, num_experts)
+    order = torch.argsort(expert_of_token, stable=True)
+    got = tokens.new_empty(int(recv.sum()), tokens.shape[1])
+    dist.all_to_all_single(got, tokens[order], recv.sum(1).tolist(), send.sum(1).tolist())
+    pieces = got.split(recv.flatten().tolist())
+    return [torch.cat([pieces[s * k + j] for s in range(world)]) for j in range(k)]
+
+
+def dispatch_masks(tokens, expert_of_token, num_experts):
+    """Correct alternative: rows picked with a mask per expert (no sort), counts per destination rank only."""
+    world = dist.get_world_size()
+    k = num_experts // world
+    send, recv = _counts(expert_of_token, num_experts)
+    outgoing = torch.cat([tokens[expert_of_token == e] for e in range(num_experts)])
+    incoming = tokens.new_empty(int(recv.sum()), tokens.shape[1])
+    dist.all_to_all_single(incoming, outgoing, output_split_sizes=recv.sum(1).tolist(),
+                           input_split_sizes=send.sum(1).tolist())
+    by_source = [x.split(recv[s].tolist()) for s, x in enumerate(incoming.split(recv.sum(1).tolist()))]
+    return [torch.cat([by_source[s][j] for s in range(world)]) for j in range(k)]
+
+
+def dispatch_drops_empty(tokens, expert_of_token, num_experts):
+    return [x for x in dispatch_single(tokens, expert_of_token, num_experts) if len(x)]
+
+
+def dispatch_expert_major_source_minor_wrong(tokens, expert_of_token, num_experts):
+    """Rows of each expert in reverse source-rank order."""
+    world = dist.get_world_size()
+    k = num_experts // world
+    send, recv = _counts(expert_of_token, num_experts)
+    order = torch.argsort(expert_of_token, stable=True)
+    got = tokens.new_empty(int(recv.sum()), tokens.shape[1])
+    dist.all_to_all_single(got, tokens[order], recv.sum(1).tolist(), send.sum(1).tolist())
+    pieces = got.split(recv.flatten().tolist())
+    return [torch.cat([pieces[s * k + j] for s in reversed(range(world))]) for j in range(k)]
+
+
+def dispatch_send_recv(tokens, expert_of_token, num_experts):
+    """Right rows, but exchanged with send/recv (the counted kind a check can see) instead of an all-to-all."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    k = num_experts // world
+    send, recv = _counts(expert_of_token, num_experts)
+    incoming = []
+    for s in range(world):
+        if s == rank:
+            incoming.append(torch.cat([tokens[expert_of_token == rank * k + j] for j in range(k)]))
+            continue
+        incoming.append(tokens.new_empty(int(recv[s].sum()), tokens.shape[1]))
+    reqs = []
+    for r in range(world):
+        if r != rank:
+            out = torch.cat([tokens[expert_of_token == r * k + j] for j in range(k)])
+            reqs.append(dist.isend(out.contiguous(), r))
+            reqs.append(dist.irecv(incoming[r], r))
+    for q in reqs:
+        q.wait()
+    pieces = [x.split(recv[s].tolist()) for s, x in enumerate(incoming)]
+    return [torch.cat([pieces[s][j] for s in range(world)]) for j in range(k)]
+
+
+def dispatch_gather_everything(tokens, expert_of_token, num_experts):
+    """Right rows, but every rank's tokens are sent to every rank (an all-to-all of whole copies)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    k = num_experts // world
+    sizes = torch.tensor([len(tokens)] * world)
+    their = torch.empty_like(sizes)
+    dist.all_to_all_single(their, sizes)
+    rows = tokens.new_empty(int(their.sum()), tokens.shape[1])
+    routes = expert_of_token.new_empty(int(their.sum()))
+    dist.all_to_all_single(rows, tokens.repeat(world, 1), their.tolist(), sizes.tolist())
+    dist.all_to_all_single(routes, expert_of_token.repeat(world), their.tolist(), sizes.tolist())
+    return [rows[routes == rank * k + j] for j in range(k)]
+
+
+def combine_single(expert_outputs, expert_of_token, num_experts):
+    world = dist.get_world_size()
+    k = num_experts // world
+    send, recv = _counts(expert_of_token, num_experts)
+    pieces = [out.split(recv[:, j].tolist()) for j, out in enumerate(expert_outputs)]
+    outgoing = torch.cat([pieces[j][s] for s in range(world) for j in range(k)])
+    back = outgoing.new_empty(len(expert_of_token), expert_outputs[0].shape[1])
+    dist.all_to_all_single(back, outgoing, send.sum(1).tolist(), recv.sum(1).tolist())
+    result = torch.empty_like(back)
+    result[torch.argsort(expert_of_token, stable=True)] = back
+    return result
+
+
+def combine_index_copy(expert_outputs, expert_of_token, num_experts):
+    """Correct alternative: rows put back with index_copy_, one (destination rank, expert) piece at a time."""
+    world = dist.get_world_size()
+    k = num_experts // world
+    send, recv = _counts(expert_of_token, num_experts)
+    pieces = [out.split(recv[:, j].tolist()) for j, out in enumerate(expert_outputs)]
+    outgoing = torch.cat([pieces[j][s] for s in range(world) for j in range(k)])
+    width = expert_outputs[0].shape[1]
+    incoming = outgoing.new_empty(len(expert_of_token), width)
+    dist.all_to_all_single(incoming, outgoing, send.sum(1).tolist(), recv.sum(1).tolist())
+    result = outgoing.new_empty(len(expert_of_token), width)
+    rows = incoming.split(send.flatten().tolist())
+    for e in range(num_experts):
+        result.index_copy_(0, (expert_of_token == e).nonzero().flatten(), rows[e])
+    return result
+
+
+def combine_expert_order(expert_outputs, expert_of_token, num_experts):
+    world = dist.get_world_size()
+    k = num_experts // world
+    send, recv = _counts(expert_of_token, num_experts)
+    pieces = [out.split(recv[:, j].tolist()) for j, out in enumerate(expert_outputs)]
+    outgoing = torch.cat([pieces[j][s] for s in range(world) for j in range(k)])
+    back = outgoing.new_empty(len(expert_of_token), expert_outputs[0].shape[1])
+    dist.all_to_all_single(back, outgoing, send.sum(1).tolist(), recv.sum(1).tolist())
+    return back
+
+
+def combine_todo(expert_outputs, expert_of_token, num_experts):
+    raise NotImplementedError()
+
+
+def test_moe_correct_passes():
+    check_dispatch_tokens(dispatch_single)
+    check_dispatch_tokens(dispatch_masks)
+    check_combine_tokens(combine_single)
+    check_combine_tokens(combine_index_copy)
+
+
+@pytest.mark.parametrize("check, impl, expected", [
+    (check_dispatch_tokens, dispatch_drops_empty, "empty ones included"),
+    (check_dispatch_tokens, dispatch_expert_major_source_minor_wrong, "ordered by source rank"),
+    (check_dispatch_tokens, dispatch_send_recv, "used send/recv"),
+    (check_dispatch_tokens, dispatch_gather_everything, "send each row only to the rank that needs it"),
+    (check_combine_tokens, combine_expert_order, "sorted by expert"),
+    (check_combine_tokens, combine_todo, "not implemented yet"),
+])
+def test_moe_bugs_fail(check, impl, expected):
+    with pytest.raises(AssertionError) as info:
+        check(impl)
+    assert expected in str(info.value), str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the planner
+
+
+def act_expanded(seq_len, micro_batch, hidden, heads, tp=1, sequence_parallel=False, recompute="none"):
+    """Correct alternative: the table's rows written out one by one."""
+    s, b, h, a, t = seq_len, micro_batch, hidden, heads, tp
+    rows = {
+        ("none", False): 10 * s * b * h + 24 * s * b * h / t + 5 * a * s * s * b / t,
+        ("none", True): 34 * s * b * h / t + 5 * a * s * s * b / t,
+        ("selective", False): 10 * s * b * h + 24 * s * b * h / t,
+        ("selective", True): 34 * s * b * h / t,
+    }
+    if recompute == "full":
+        return 2 * s * b * h
+    if (recompute, bool(sequence_parallel)) not in rows:
+        raise ValueError(recompute)
+    return rows[recompute, bool(sequence_parallel)]
+
+
+def act_no_t(seq_len, micro_batch, hidden, heads, tp=1, sequence_parallel=False, recompute="none"):
+    return act_expanded(seq_len, micro_batch, hidden, heads, 1, sequence_parallel, recompute)
+
+
+def act_ignores_sp(seq_len, micro_batch, hidden, heads, tp=1, sequence_parallel=False, recompute="none"):
+    return act_expanded(seq_len, micro_batch, hidden, heads, tp, False, recompute)
+
+
+def act_full_over_t(seq_len, micro_batch, hidden, heads, tp=1, sequence_parallel=False, recompute="none"):
+    if recompute == "full":
+        return 2 * seq_len * micro_batch * hidden / tp
+    return act_expanded(seq_len, micro_batch, hidden, heads, tp, sequence_parallel, recompute)
+
+
+def _fits_with(act, zero_div=True, in_flight="min"):
+    def fits(model, cluster, dp, tp, pp, zero_stage=0, micro_batch=1, recompute="none", sequence_parallel=False):
+        if dp * tp * pp != cluster.num_gpus:
+            raise ValueError("dp·tp·pp must be the number of GPUs")
+        psi = model.num_params / (tp * pp)
+        n = dp if zero_div else 1
+        state = [16 * psi, 4 * psi + 12 * psi / n, 2 * psi + 14 * psi / n, 16 * psi / n][zero_stage]
+        m = model.global_batch // (dp * micro_batch)
+        flight = min(pp, m) if in_flight == "min" else m
+        a = flight * model.num_layers / pp * act(model.seq_len, micro_batch, model.hidden, model.heads, tp,
+                                                   sequence_parallel, recompute)
+        return {"model_state": state, "activations": a, "total": state + a,
+                "fits": state + a <= cluster.memory_bytes, "step_time": 1.0}
+    return fits
+
+
+def test_planner_correct_passes():
+    check_activation_bytes(act_expanded)
+    check_activation_bytes(reference_activation_bytes)
+    check_fits(_fits_with(act_expanded))
+
+
+@pytest.mark.parametrize("check, impl, expected", [
+    (check_activation_bytes, act_no_t, "divided among the t ranks"),
+    (check_activation_bytes, act_ignores_sp, "sequence_parallel=True"),
+    (check_activation_bytes, act_full_over_t, "2sbh"),
+    (check_fits, _fits_with(act_expanded, zero_div=False), "'model_state'"),
+    (check_fits, _fits_with(act_expanded, in_flight="all"), "micro-batches in flight"),
+    (check_fits, _fits_with(act_no_t), "'activations'"),
+])
+def test_planner_bugs_fail(check, impl, expected):
+    with pytest.raises(AssertionError) as info:
+        check(impl)
+    assert expected in str(info.value), str(info.value)
+
+
+def test_published_configurations_fit_only_with_recomputation():
+    """Narayanan et al. 2021 Table 1 from 145.6B up, and GPT-3 175B at t = 8, p = 8 on 1024 GPUs: without
+    recomputation or sequence parallelism none fits in 80 GB; with full recomputation, or with sequence parallelism
+    and selective recomputation (Korthikanti et al. 2022), every one does. The smaller rows fit either way."""
+    from labsupport.lessons.hybrid_parallel import DGX_A100, GPT3_175B, NARAYANAN_TABLE1
+
+    rows = [(r["model"], r["gpus"], r["t"], r["p"]) for r in NARAYANAN_TABLE1] + [(GPT3_175B, 1024, 8, 8)]
+    for model, gpus, t, p in rows:
+        d = gpus // (t * p)
+        plan = lambda rc, sp=False: reference_fits(model, DGX_A100(gpus), d, t, p, 0, 1, rc, sp)["fits"]  # noqa
+        assert plan("full") and plan("selective", True), model.name
+        assert plan("none") == (model.num_params < 100e9), model.name
