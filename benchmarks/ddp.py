@@ -58,7 +58,7 @@ def _wrap(variant, model, cap_mb):
     if variant == "overlapped":
         buckets = [[p] for p in reversed(params)]
     else:  # the layout the notebook and its checks use
-        from autograder.checks.ddp import expected_buckets
+        from autograder.checks.data_parallel import expected_buckets
 
         named = dict(model.named_parameters())
         buckets = [[named[name] for name, _ in b] for b in expected_buckets(model, cap_mb)]

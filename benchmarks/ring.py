@@ -12,7 +12,7 @@ which makes busbw comparable with a link's bandwidth). The loopback point-to-poi
 largest size to another with blocking send/recv) is measured in the same run: it is the physical limit here.
 Prints one table and the ratios ring/built-in of throughput (> 1 means the reference ring is faster).
 
-The reference ring is ``autograder.checks.ring.reference_ring_all_reduce`` (not shipped to students).
+The reference ring is ``autograder.checks.ring_allreduce.reference_ring_all_reduce`` (not shipped to students).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def _measure(sizes: list[int], rounds: int, p2p_bytes: int):
     import torch
     import torch.distributed as dist
 
-    from autograder.checks.ring import reference_ring_all_reduce
+    from autograder.checks.ring_allreduce import reference_ring_all_reduce
 
     impls = {"builtin": dist.all_reduce, "ring": reference_ring_all_reduce}
     out = {}

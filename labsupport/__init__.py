@@ -10,11 +10,13 @@ The few public names:
 * ``CommCounter``: record the communication calls a rank makes.
 * ``Timeline``: record compute and communication spans per rank, to draw them.
 * ``grading()``: True while the autograder runs the notebook (measurements shrink).
+* ``show_table(header, rows)``: print an aligned text table.
 """
 
 import os as _os
 
 from .comm import CommCounter, CommCall
+from .display import show_table
 from .launch import WorkerError, WorkerTimeout, device, in_worker, run, shutdown
 from .timeline import Timeline
 from ._pool import start_early as _start_early
@@ -30,6 +32,7 @@ __all__ = [
     "CommCall",
     "Timeline",
     "grading",
+    "show_table",
 ]
 
 

@@ -7,6 +7,7 @@ grading time and nothing more.
 """
 
 import json
+import runpy
 import shutil
 import subprocess
 import sys
@@ -35,90 +36,17 @@ def regenerated(tmp_path_factory):
 
 
 # Planted bugs graded through nbgrader, a few per notebook, each in an exercise that no other exercise calls:
-# {assignment: {grade_id of the answer cell: the student's wrong code}}. Each must cost exactly its exercise.
-MUTANTS = {
-    "01_collectives": {
-        # every rank waits for src, src included: a deadlock, stopped by the check's time limit
-        "broadcast": "def broadcast(tensor, src):\n    dist.recv(tensor, src=src)",
-        # dst adds the others' tensors but forgets its own
-        "reduce": (
-            "def reduce(tensor, dst):\n"
-            "    rank, world_size = dist.get_rank(), dist.get_world_size()\n"
-            "    if rank != dst:\n"
-            "        dist.send(tensor, dst=dst)\n"
-            "        return\n"
-            "    total, incoming = torch.zeros_like(tensor), torch.empty_like(tensor)\n"
-            "    for peer in range(world_size):\n"
-            "        if peer != dst:\n"
-            "            dist.recv(incoming, src=peer)\n"
-            "            total += incoming\n"
-            "    tensor.copy_(total)"
-        ),
-        # the right answer, from the built-in
-        "all_to_all": (
-            "def all_to_all(chunks):\n"
-            "    out = [torch.empty_like(c) for c in chunks]\n"
-            "    dist.all_to_all(out, list(chunks))\n"
-            "    return out"
-        ),
-    },
-    "02_ring_allreduce": {
-        # right values, but each rank passes whole tensors around the ring: (N-1)·S bytes instead of 2(N-1)/N·S
-        "ring_all_reduce": (
-            "def ring_all_reduce(tensor):\n"
-            "    rank, n = dist.get_rank(), dist.get_world_size()\n"
-            "    right, left = (rank + 1) % n, (rank - 1) % n\n"
-            "    passing, total = tensor.clone(), tensor.clone()\n"
-            "    for _ in range(n - 1):\n"
-            "        incoming = torch.empty_like(tensor)\n"
-            "        request = dist.isend(passing, dst=right)\n"
-            "        dist.recv(incoming, src=left)\n"
-            "        request.wait()\n"
-            "        total += incoming\n"
-            "        passing = incoming\n"
-            "    tensor.copy_(total)\n"
-            "    return tensor"
-        ),
-        # the naive algorithm's root counted once per direction instead of p - 1 times
-        "alpha_beta_cost": (
-            "def alpha_beta_cost(algorithm, world_size, nbytes, alpha, beta):\n"
-            "    p, n = world_size, nbytes\n"
-            "    if algorithm == 'naive':\n"
-            "        return 2 * (alpha + n * beta) if p > 1 else 0.0\n"
-            "    if algorithm == 'ring':\n"
-            "        return 2 * (p - 1) * alpha + 2 * n * (p - 1) / p * beta\n"
-            "    if algorithm == 'recursive_doubling':\n"
-            "        return math.ceil(math.log2(p)) * (alpha + n * beta)\n"
-            "    raise ValueError(algorithm)"
-        ),
-    },
-    "03_data_parallel": {
-        # sums the gradients but never divides by the number of ranks
-        "average_gradients": (
-            "def average_gradients(module):\n"
-            "    for p in module.parameters():\n"
-            "        if p.requires_grad and p.grad is not None:\n"
-            "            dist.all_reduce(p.grad)"
-        ),
-        # right gradients, but every all-reduce waits until backward is over: no overlap
-        "OverlapDDP": (
-            "class OverlapDDP(nn.Module):\n"
-            "    def __init__(self, module):\n"
-            "        super().__init__()\n"
-            "        self.module = module\n"
-            "        broadcast_parameters(module)\n"
-            "\n"
-            "    def forward(self, *args, **kwargs):\n"
-            "        return self.module(*args, **kwargs)\n"
-            "\n"
-            "    def finish_gradient_synchronization(self):\n"
-            "        for p in self.module.parameters():\n"
-            "            if p.requires_grad and p.grad is not None:\n"
-            "                dist.all_reduce(p.grad)\n"
-            "                p.grad /= dist.get_world_size()"
-        ),
-    },
-}
+# tests/fixtures/mutants/ID.py defines MUTANTS = {grade_id of the answer cell: the student's wrong code}.
+# Each must cost exactly its exercise.
+def _load_mutants() -> dict:
+    out = {}
+    for path in sorted((Path(__file__).parent / "fixtures" / "mutants").glob("*.py")):
+        if path.stem in ASSIGNMENTS:
+            out[path.stem] = runpy.run_path(str(path))["MUTANTS"]
+    return out
+
+
+MUTANTS = _load_mutants()
 
 
 def _mutant(aid: str):

@@ -1,4 +1,4 @@
-"""autograder.checks.ddp: correct implementations pass; planted bugs lose the points with the right message.
+"""autograder.checks.data_parallel: correct implementations pass; planted bugs lose the points with the right message.
 
 Every implementation here is written the way a student might write it; the bugs are the ones the issue lists
 (blocking all-reduce after backward, sum without dividing, no initial broadcast, forward-order buckets, one
@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from autograder.checks import ddp
-from autograder.checks.ddp import (
+from autograder.checks import data_parallel as ddp
+from autograder.checks.data_parallel import (
     ProbeNet,
     check_average_gradients,
     check_broadcast_parameters,

@@ -9,8 +9,9 @@ import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
-import labsupport.plots as plots  # noqa: E402
-from labsupport.plots import collectives as mod  # noqa: E402
+from labsupport.lessons import collectives as plots  # noqa: E402
+from labsupport.lessons import launch as launch_lesson  # noqa: E402
+from labsupport.lessons import collectives as mod  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -21,11 +22,6 @@ def _close():
 
 def _texts(ax):
     return [t.get_text() for t in ax.texts]
-
-
-def test_reexported():
-    for name in ("plot_collective", "plot_all_collectives", "plot_rank_layout", "plot_comm_counts"):
-        assert getattr(plots, name) is getattr(mod, name)
 
 
 @pytest.mark.parametrize("name", mod.COLLECTIVE_NAMES)
@@ -58,7 +54,7 @@ def test_all_collectives_has_sixteen_panels():
 
 
 def test_rank_layout_two_nodes_by_four():
-    fig = plots.plot_rank_layout(2, 4)
+    fig = launch_lesson.plot_rank_layout(2, 4)
     (ax,) = fig.axes
     texts = " ".join(_texts(ax))
     assert "RANK 7" in texts and "LOCAL_RANK 3" in texts and "NODE_RANK=1" in texts
@@ -83,8 +79,8 @@ def test_comm_counts_bars_and_expected_ticks():
         (lambda: plots.plot_collective("broadcast", world_size=0), "world_size must be an int from 1 to 8"),
         (lambda: plots.plot_collective("broadcast", world_size=3, root=3), "root must be a rank from 0 to 2"),
         (lambda: plots.plot_all_collectives(world_size=9), "world_size must be an int from 1 to 8"),
-        (lambda: plots.plot_rank_layout(0, 4), "nnodes must be an int from 1 to 16"),
-        (lambda: plots.plot_rank_layout(2, True), "nproc_per_node must be an int from 1 to 16"),
+        (lambda: launch_lesson.plot_rank_layout(0, 4), "nnodes must be an int from 1 to 16"),
+        (lambda: launch_lesson.plot_rank_layout(2, True), "nproc_per_node must be an int from 1 to 16"),
     ],
 )
 def test_bad_arguments(call, message):

@@ -10,13 +10,13 @@ The model is the alpha-beta (latency-bandwidth) model, applied message by messag
 * Each rank has one send port and one receive port (full duplex, "single-port" model): two messages leaving the
   same rank, or arriving at the same rank, go one after the other. This is what makes a parameter server slow.
 
-With one uniform link this reproduces the textbook formulas exactly (``alpha_beta_time``), e.g. the ring's
+With one uniform link this reproduces the textbook formulas exactly (your ``alpha_beta_cost``), e.g. the ring's
 ``2(p-1)alpha + 2(p-1)/p * n * beta``. Steps where every rank sends and receives at most one message (ring,
 recursive doubling) are simulated with numpy in one go, so 1024 ranks take milliseconds.
 
 Example::
 
-    from labsupport import netsim
+    from labsupport.lessons.ring_allreduce import netsim
     topo = netsim.Uniform(alpha=20e-6, beta=1 / 2e9)            # 20 us per message, 2 GB/s
     netsim.simulate(netsim.ring_allreduce(1024, 2**26), topo)   # seconds for 64 MiB on 1024 ranks
 
@@ -41,9 +41,7 @@ __all__ = [
     "naive_allreduce",
     "recursive_doubling_allreduce",
     "parameter_server_allreduce",
-    "ring_chunks",
     "from_comm",
-    "alpha_beta_time",
     "fit_alpha_beta",
     "ALGORITHMS",
 ]
@@ -116,21 +114,6 @@ def _check(p: int, nbytes: float) -> None:
         raise ValueError(f"nbytes must be >= 0, got {nbytes!r}")
 
 
-def ring_chunks(world_size: int, rank: int, step: int) -> tuple[int, int]:
-    """The chunks rank ``rank`` sends and receives in ring step ``step`` (0 .. 2(p-1)-1).
-
-    Steps ``0 .. p-2`` are the reduce-scatter: the rank sends chunk ``(rank - step - 1) % p`` to ``rank + 1``,
-    receives chunk ``(rank - step - 2) % p`` from ``rank - 1`` and adds it to its own; after them rank r holds the
-    complete sum of chunk r. Steps ``p-1 .. 2p-3`` are the all-gather: in all-gather step s the rank forwards chunk
-    ``(rank - s) % p`` and receives (overwrites) chunk ``(rank - s - 1) % p``. Returns ``(send_chunk, recv_chunk)``.
-    """
-    p = world_size
-    if step < p - 1:
-        return (rank - step - 1) % p, (rank - step - 2) % p
-    s = step - (p - 1)
-    return (rank - s) % p, (rank - s - 1) % p
-
-
 def ring_allreduce(world_size: int, nbytes: float) -> Schedule:
     """Ring all-reduce: p-1 reduce-scatter steps then p-1 all-gather steps, each rank sends nbytes/p per step."""
     _check(world_size, nbytes)
@@ -169,7 +152,7 @@ def recursive_doubling_allreduce(world_size: int, nbytes: float) -> Schedule:
 
     For a power of two that is log2(p) steps. For other p, the ranks above the largest power of two first fold
     their data into a partner and get the result back at the end (two extra steps), which the textbook formula
-    ``ceil(log2 p)(alpha + n beta)`` does not count; ``alpha_beta_time`` keeps the textbook formula.
+    ``ceil(log2 p)(alpha + n beta)`` does not count.
     """
     _check(world_size, nbytes)
     p = world_size
@@ -209,20 +192,6 @@ ALGORITHMS = {
     "recursive_doubling": recursive_doubling_allreduce,
     "parameter_server": parameter_server_allreduce,
 }
-
-
-def alpha_beta_time(algorithm: str, world_size: int, nbytes: float, alpha: float, beta: float) -> float:
-    """The closed-form alpha-beta cost of an all-reduce (Thakur, Rabenseifner & Gropp, 2005), reduction cost
-    ignored: ``naive`` 2(p-1)(alpha + n beta); ``ring`` 2(p-1) alpha + 2 n (p-1)/p beta; ``recursive_doubling``
-    ceil(log2 p)(alpha + n beta)."""
-    p, n = world_size, nbytes
-    if algorithm in ("naive", "parameter_server"):
-        return 2 * (p - 1) * (alpha + n * beta)
-    if algorithm == "ring":
-        return 2 * (p - 1) * alpha + 2 * n * (p - 1) / p * beta
-    if algorithm == "recursive_doubling":
-        return math.ceil(math.log2(p)) * (alpha + n * beta)
-    raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {sorted(ALGORITHMS)}")
 
 
 # ----------------------------------------------------------------------------------------------------------------

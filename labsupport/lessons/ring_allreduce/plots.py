@@ -1,4 +1,4 @@
-"""Diagrams and measurement plots for notebook 02 (ring all-reduce).
+"""Diagrams and measurement plots of notebook 02 (ring all-reduce).
 
 * ``plot_ring_steps(world_size=4)``: the ring all-reduce step by step: which chunk every rank sends, and what
   every rank holds, after each reduce-scatter and all-gather step.
@@ -13,8 +13,8 @@ diagram, cell j of a rank is chunk j of ``tensor.flatten().tensor_split(world_si
 
 Example::
 
-    import labsupport.plots as plots
-    plots.plot_ring_steps(4)
+    from labsupport.lessons import ring_allreduce as lesson
+    lesson.plot_ring_steps(4)
 """
 
 from __future__ import annotations
@@ -42,8 +42,6 @@ def ring_states(world_size: int):
     ``holdings[r][j]`` is the sorted tuple of ranks whose chunk j is summed in rank r's chunk j; ``sends`` maps each
     rank to the chunk it sent in the step that led to this state (empty for the start).
     """
-    from ..netsim import ring_chunks
-
     n = world_size
     hold = [[(r,) for _ in range(n)] for r in range(n)]
     states = [("start\nevery rank has its own tensor", [row[:] for row in hold], {})]
@@ -51,7 +49,8 @@ def ring_states(world_size: int):
         new = [row[:] for row in hold]
         sends = {}
         for r in range(n):
-            send, _ = ring_chunks(n, r, k)
+            # reduce-scatter step k: chunk (r - k - 1) % n; all-gather step s = k - (n - 1): chunk (r - s) % n
+            send = (r - k - 1) % n if k < n - 1 else (r - (k - n + 1)) % n
             sends[r] = send
             dst = (r + 1) % n
             if k < n - 1:

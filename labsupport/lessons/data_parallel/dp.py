@@ -19,11 +19,11 @@ each replica holds (``MemoryReport``) and the seconds each replica is busy.
 
 Example::
 
-    from labsupport import dp
-    model = dp.TinyLM()
+    from labsupport.lessons import data_parallel as lesson
+    model = lesson.TinyLM()
     opt = torch.optim.Adam(model.parameters())
-    report = dp.dp_step(model, opt, tokens, targets, num_replicas=4)
-    labsupport.plots.plot_dp_memory(report)
+    report = lesson.dp_step(model, opt, tokens, targets, num_replicas=4)
+    lesson.plot_dp_memory(report)
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Diagrams for notebooks 00 and 01: where the ranks of a launch live, and what each collective does.
+"""Notebook 01 (collectives): what each collective does, drawn, and the timing of a collective against the built-in.
 
-* ``plot_rank_layout(nnodes, nproc_per_node)``: nodes as boxes, one slot per process with its ``RANK``,
-  ``LOCAL_RANK`` and ``NODE_RANK``, and the rendezvous address every process connects to.
 * ``plot_collective(name, world_size=4, root=0)``: what every rank holds before and after one collective.
 * ``plot_all_collectives(world_size=4)``: the eight collectives on one page.
 * ``plot_comm_counts(measured, expected=None)``: messages (or bytes) each rank sent, per collective, against the
@@ -13,13 +11,13 @@ the data came from; a striped cell is a sum of the ranks whose colours it shows.
 
 Example::
 
-    from labsupport.plots import plot_collective
-    plot_collective("reduce_scatter", world_size=4)
+    from labsupport.lessons import collectives as lesson
+    lesson.plot_collective("reduce_scatter", world_size=4)
 """
 
 from __future__ import annotations
 
-__all__ = ["plot_rank_layout", "plot_collective", "plot_all_collectives", "plot_comm_counts"]
+__all__ = ["plot_collective", "plot_all_collectives", "plot_comm_counts", "time_all_reduce", "COLLECTIVE_NAMES"]
 
 #: The eight collectives, in the order notebook 01 teaches them.
 COLLECTIVE_NAMES = (
@@ -229,86 +227,6 @@ def plot_all_collectives(world_size: int = 4):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Launch layout
-
-
-def plot_rank_layout(nnodes: int, nproc_per_node: int, master_addr: str = "10.0.0.1", master_port: int = 29500):
-    """Draw ``nnodes`` machines with ``nproc_per_node`` processes each, labelled as torchrun numbers them.
-
-    Each slot shows the process's ``RANK`` and ``LOCAL_RANK`` (its GPU on that node); each node its ``NODE_RANK``.
-    Node 0 hosts the rendezvous at ``MASTER_ADDR:MASTER_PORT`` that every process connects to first.
-    Returns the Figure (one axes).
-    """
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
-
-    for what, v in (("nnodes", nnodes), ("nproc_per_node", nproc_per_node)):
-        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 16:
-            raise ValueError(f"{what} must be an int from 1 to 16 for a readable drawing, got {v!r}")
-    world = nnodes * nproc_per_node
-    slot_w, slot_h, gap = 1.7, 1.25, 0.15
-    node_w = nproc_per_node * (slot_w + gap) + gap
-    node_h = slot_h + 0.75
-    step = node_h + 0.5
-    box_x, box_w = node_w + 1.2, 4.0
-    total_w, total_h = box_x + box_w + 0.2, nnodes * step + 0.2
-    unit = 0.55  # inches per data unit
-    fig, ax = plt.subplots(figsize=(unit * total_w, unit * total_h + 0.5))
-    top = (nnodes - 1) * step
-    rdv_y = top + node_h / 2
-    for node in range(nnodes):
-        y0 = (nnodes - 1 - node) * step
-        ax.add_patch(
-            FancyBboxPatch((0, y0), node_w, node_h, boxstyle="round,pad=0.05", facecolor="0.95", edgecolor="0.3")
-        )
-        host = f"{master_addr}, the master" if node == 0 else f"node{node}"
-        ax.text(gap, y0 + node_h - 0.3, f"node {node}: NODE_RANK={node}  (host {host})", fontsize=9, va="center")
-        for local in range(nproc_per_node):
-            rank = node * nproc_per_node + local
-            x0 = gap + local * (slot_w + gap)
-            ax.add_patch(Rectangle((x0, y0 + 0.12), slot_w, slot_h, facecolor=_colour(rank), alpha=0.45))
-            ax.text(
-                x0 + slot_w / 2,
-                y0 + 0.12 + slot_h / 2,
-                f"GPU {local}\nRANK {rank}\nLOCAL_RANK {local}",
-                ha="center",
-                va="center",
-                fontsize=7.5,
-            )
-        ax.add_patch(
-            FancyArrowPatch(
-                (node_w + 0.1, y0 + node_h / 2),
-                (box_x - 0.05, rdv_y),
-                arrowstyle="->",
-                mutation_scale=12,
-                color="0.35",
-            )
-        )
-    ax.add_patch(
-        FancyBboxPatch(
-            (box_x, rdv_y - 0.7), box_w, 1.4, boxstyle="round,pad=0.05", facecolor="white", edgecolor="0.3", ls="--"
-        )
-    )
-    ax.text(
-        box_x + box_w / 2,
-        rdv_y,
-        f"rendezvous store on node 0\n{master_addr}:{master_port}\n(MASTER_ADDR:MASTER_PORT)",
-        fontsize=8,
-        ha="center",
-        va="center",
-    )
-    ax.set_xlim(-0.1, total_w)
-    ax.set_ylim(-0.1, total_h)
-    ax.set_aspect("equal")
-    ax.axis("off")
-    ax.set_title(
-        f"{nnodes} node(s) x {nproc_per_node} process(es) per node: WORLD_SIZE = {world}", fontsize=10
-    )
-    fig.tight_layout()
-    return fig
-
-
-# ----------------------------------------------------------------------------------------------------------------
 # Measurements
 
 
@@ -356,3 +274,29 @@ def plot_comm_counts(measured: dict, expected: dict | None = None, what: str = "
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
     return fig
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Timing
+
+
+def time_all_reduce(all_reduce, numel: int, reps: int):
+    """On every rank: the median seconds of ``all_reduce`` (yours) and of ``dist.all_reduce`` on ``numel`` floats,
+    and whether both gave the same result. Values are small integers, so every order of addition is exact."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    base = torch.randint(-100, 100, (numel,)).float()
+    results, times = {}, {}
+    for name, fn in (("yours", all_reduce), ("built-in", dist.all_reduce)):
+        samples = []
+        for _ in range(reps):
+            x = base.clone()
+            dist.barrier()
+            start = time.perf_counter()
+            fn(x)
+            samples.append(time.perf_counter() - start)
+        results[name], times[name] = x, sorted(samples)[len(samples) // 2]
+    return times, torch.equal(results["yours"], results["built-in"])

@@ -3,13 +3,12 @@
 The notebook counts DDP's all-reduces with a communication hook (PyTorch's ``allreduce_hook``, which calls
 ``dist.all_reduce`` from Python, where ``CommCounter`` sees it) for its 6-layer MLP of width 256 with a 0.3 MB cap
 and with the default cap, and its text states what comes out. Here the same model (the notebook's own
-``make_mlp``, taken from its source) runs under DDP on 2 gloo ranks with the same hook, plus a record of the
+``make_mlp``, from its lesson module) runs under DDP on 2 gloo ranks with the same hook, plus a record of the
 parameters in each bucket, and every statement of the text is asserted: when torch changes its bucketing, this test
 fails instead of the text going stale. The statements are quoted from the notebook too, so that rewording them
 means looking here.
 """
 
-import ast
 import json
 import re
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import labsupport
-from autograder.checks.ddp import expected_buckets
+from autograder.checks.data_parallel import expected_buckets
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "solutions" / "03_data_parallel" / "03_data_parallel.ipynb"
 
@@ -48,20 +47,10 @@ def _section_7() -> tuple[str, str]:
 
 
 def _notebook_make_mlp():
-    """The notebook's ``make_mlp``, defined from its source (so a change of the model there shows up here)."""
-    for cell in _cells():
-        if cell["cell_type"] != "code" or "def make_mlp(" not in _text(cell):
-            continue
-        source = "\n".join(line for line in _text(cell).splitlines() if not line.lstrip().startswith("%"))
-        tree = ast.parse(source)
-        fn = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "make_mlp")
-        import torch
-        import torch.nn as nn
+    """The ``make_mlp`` notebook 03 trains (from its lesson module), so a change of the model shows up here."""
+    from labsupport.lessons.data_parallel import make_mlp
 
-        namespace = {"torch": torch, "nn": nn}
-        exec(compile(ast.Module(body=[fn], type_ignores=[]), str(NOTEBOOK), "exec"), namespace)
-        return namespace["make_mlp"]
-    raise AssertionError("notebook 03 no longer defines make_mlp")
+    return make_mlp
 
 
 def _ddp_layouts(make_mlp, configs, steps):
@@ -123,7 +112,7 @@ def _layers(names) -> list:
 
 def test_notebook_still_runs_this_experiment():
     code, _ = _section_7()
-    assert "make_mlp(256, depth=6, seed=rank)" in code
+    assert "lesson.make_mlp(256, depth=6, seed=rank)" in code
     assert "for cap in (0.3, None):" in code
     assert "register_comm_hook(None, allreduce_hook)" in code
     make_mlp = _notebook_make_mlp()

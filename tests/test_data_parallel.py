@@ -1,4 +1,5 @@
-"""labsupport.plots.timeline: every function returns a Figure with the expected axes and artists (cheap checks)."""
+"""labsupport.lessons.data_parallel and labsupport.plots: every plot returns a Figure with the expected axes and artists
+(cheap checks); the one-process DP step behind the memory plot."""
 
 import matplotlib
 
@@ -9,8 +10,9 @@ import pytest  # noqa: E402
 from matplotlib.collections import PolyCollection  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-import labsupport.plots as plots  # noqa: E402
-from labsupport.dp import CATEGORIES, MemoryReport  # noqa: E402
+import labsupport.plots  # noqa: E402
+from labsupport.lessons import data_parallel as plots  # noqa: E402
+from labsupport.lessons.data_parallel import CATEGORIES, MemoryReport  # noqa: E402
 from labsupport.timeline import Event  # noqa: E402
 
 
@@ -35,7 +37,7 @@ def _rank(offset, overlapped):
 
 def test_plot_timeline_one_axis_per_run_and_bars_per_span():
     runs = {"naive": [_rank(0, False), _rank(0.1, False)], "bucketed": [_rank(0, True), _rank(0.1, True)]}
-    fig = plots.plot_timeline(runs)
+    fig = labsupport.plots.plot_timeline(runs)
     assert isinstance(fig, Figure)
     assert len(fig.axes) == 2
     for ax in fig.axes:
@@ -49,7 +51,7 @@ def test_plot_timeline_one_axis_per_run_and_bars_per_span():
 def test_plot_timeline_accepts_a_plain_list_and_dicts():
     events = [[{"name": "F0", "kind": "compute", "start": 0.0, "end": 1.0},
                {"name": "B0", "kind": "compute", "start": 1.0, "end": 2.0}]]
-    fig = plots.plot_timeline(events, title="pipeline", unit="s")
+    fig = labsupport.plots.plot_timeline(events, title="pipeline", unit="s")
     assert len(fig.axes) == 1 and len(_bars(fig.axes[0])) == 2
     assert fig.axes[0].get_title(loc="left") == "pipeline"
 
@@ -91,7 +93,7 @@ def test_plot_step_sweep_and_loss_curves():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# labsupport.dp: the one-process DP step behind the memory plot
+# the one-process DP step behind the memory plot
 
 
 def test_dp_step_trains_like_one_process_and_loads_the_master():
@@ -100,7 +102,7 @@ def test_dp_step_trains_like_one_process_and_loads_the_master():
     import torch
     import torch.nn.functional as F
 
-    from labsupport import dp
+    from labsupport.lessons import data_parallel as dp
 
     torch.manual_seed(0)
     tokens, targets = torch.randint(0, 50, (8, 5)), torch.randint(0, 50, (8, 5))
@@ -122,7 +124,7 @@ def test_ddp_rank_report_is_level():
     import torch
 
     import labsupport
-    from labsupport import dp
+    from labsupport.lessons import data_parallel as dp
 
     tokens, targets = torch.randint(0, 50, (8, 5)), torch.randint(0, 50, (8, 5))
     reports = labsupport.run(dp.ddp_rank_report, dp.TinyLM, tokens, targets, world_size=2)

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 import labsupport
-from autograder.checks import ring as R
+from autograder.checks import ring_allreduce as R
 
 # ----------------------------------------------------------------------------------------------------------------
 # Correct alternatives

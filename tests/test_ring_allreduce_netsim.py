@@ -1,4 +1,4 @@
-"""labsupport.netsim: the simulator reproduces the closed-form alpha-beta costs, scales to 1024 ranks, and fits."""
+"""labsupport.lessons.ring_allreduce.netsim: the simulator reproduces the closed-form alpha-beta costs, scales to 1024 ranks, and fits."""
 
 import math
 import random
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import labsupport
-from autograder.checks.ring import reference_alpha_beta_cost, reference_ring_all_reduce
-from labsupport import netsim
+from autograder.checks.ring_allreduce import reference_alpha_beta_cost, reference_ring_all_reduce
+from labsupport.lessons.ring_allreduce import netsim
 
 
 @pytest.mark.parametrize("algorithm", ["ring", "naive"])
@@ -21,13 +21,13 @@ def test_simulation_reproduces_the_formula_exactly(algorithm):
         a, b = 10 ** rng.uniform(-7, -3), 10 ** rng.uniform(-12, -8)
         sim = netsim.simulate(netsim.ALGORITHMS[algorithm](p, n), netsim.Uniform(a, b))
         assert math.isclose(sim, reference_alpha_beta_cost(algorithm, p, n, a, b), rel_tol=1e-9, abs_tol=1e-15)
-        assert math.isclose(sim, netsim.alpha_beta_time(algorithm, p, n, a, b), rel_tol=1e-9, abs_tol=1e-15)
+        assert math.isclose(sim, reference_alpha_beta_cost(algorithm, p, n, a, b), rel_tol=1e-9, abs_tol=1e-15)
 
 
 def test_recursive_doubling_matches_formula_for_powers_of_two_and_costs_more_otherwise():
     for p in (1, 2, 4, 8, 64, 1024):
         sim = netsim.simulate(netsim.recursive_doubling_allreduce(p, 1e6), netsim.Uniform(1e-5, 1e-9))
-        assert math.isclose(sim, netsim.alpha_beta_time("recursive_doubling", p, 1e6, 1e-5, 1e-9), rel_tol=1e-12)
+        assert math.isclose(sim, reference_alpha_beta_cost("recursive_doubling", p, 1e6, 1e-5, 1e-9), rel_tol=1e-12)
     # 6 ranks: 2 extra steps to fold ranks 4, 5 in and out
     sim = netsim.simulate(netsim.recursive_doubling_allreduce(6, 1e6), netsim.Uniform(1e-5, 1e-9))
     assert math.isclose(sim, 4 * (1e-5 + 1e6 * 1e-9))
@@ -57,39 +57,25 @@ def test_bytes_per_rank():
     ps = netsim.parameter_server_allreduce(p, n)
     assert ps.bytes_sent[0] == (p - 1) * n and ps.bytes_received[0] == (p - 1) * n
     assert np.all(ps.bytes_sent[1:] == n) and np.all(ps.bytes_received[1:] == n)
-    assert netsim.simulate(ps, netsim.Uniform(0, 1)) == netsim.alpha_beta_time("naive", p, n, 0, 1)
-
-
-def test_ring_chunks_end_with_chunk_rank_and_gather_everything():
-    for p in (2, 3, 4, 7):
-        for r in range(p):
-            # the chunk sent in each step is the one received in the step before (by the left neighbour's view)
-            for k in range(1, p - 1):
-                assert netsim.ring_chunks(p, r, k)[0] == netsim.ring_chunks(p, r, k - 1)[1]
-            assert netsim.ring_chunks(p, r, p - 2)[1] == r  # reduce-scatter completes chunk r
-            # what rank r sends to r+1 is what r+1 expects to receive
-            for k in range(2 * (p - 1)):
-                assert netsim.ring_chunks(p, r, k)[0] == netsim.ring_chunks(p, (r + 1) % p, k)[1]
-            received = {netsim.ring_chunks(p, r, k)[1] for k in range(p - 1, 2 * (p - 1))}
-            assert received == set(range(p)) - {r}
+    assert netsim.simulate(ps, netsim.Uniform(0, 1)) == reference_alpha_beta_cost("naive", p, n, 0, 1)
 
 
 def test_topologies():
     p, n = 8, 1e6
     # a ring whose ranks sit 4 per node: every step waits for the slow inter-node link
     h = netsim.Hierarchical(4, 1e-6, 1e-11, 1e-5, 1e-9)
-    assert math.isclose(netsim.simulate(netsim.ring_allreduce(p, n), h), netsim.alpha_beta_time("ring", p, n, 1e-5, 1e-9))
+    assert math.isclose(netsim.simulate(netsim.ring_allreduce(p, n), h), reference_alpha_beta_cost("ring", p, n, 1e-5, 1e-9))
     # one node: all links fast
     assert math.isclose(
-        netsim.simulate(netsim.ring_allreduce(4, n), h), netsim.alpha_beta_time("ring", 4, n, 1e-6, 1e-11)
+        netsim.simulate(netsim.ring_allreduce(4, n), h), reference_alpha_beta_cost("ring", 4, n, 1e-6, 1e-11)
     )
     # 8 ranks on 2 cores: 8 messages in flight need 16 cores' worth of copying, so everything is 8 times slower
     s = netsim.SharedHost(1e-5, 1e-9, cores=2)
-    ring = netsim.alpha_beta_time("ring", p, n, 1e-5, 1e-9)
+    ring = reference_alpha_beta_cost("ring", p, n, 1e-5, 1e-9)
     assert math.isclose(netsim.simulate(netsim.ring_allreduce(p, n), s), 8 * ring)
     assert math.isclose(netsim.simulate(netsim.ring_allreduce(p, n), netsim.SharedHost(1e-5, 1e-9, cores=16)), ring)
     # the parameter server's messages queue at the root's ports: one at a time, no slowdown
-    assert math.isclose(netsim.simulate(netsim.naive_allreduce(p, n), s), netsim.alpha_beta_time("naive", p, n, 1e-5, 1e-9))
+    assert math.isclose(netsim.simulate(netsim.naive_allreduce(p, n), s), reference_alpha_beta_cost("naive", p, n, 1e-5, 1e-9))
 
 
 def test_per_rank_finish_times():
@@ -120,12 +106,12 @@ def test_schedule_from_a_real_ring():
     assert len(sched.steps) == 4
     assert np.allclose(sched.bytes_sent, 2 * 2 / 3 * 3000 * 4)
     sim = netsim.simulate(sched, netsim.Uniform(1e-5, 1e-9))
-    assert math.isclose(sim, netsim.alpha_beta_time("ring", 3, 12000, 1e-5, 1e-9))
+    assert math.isclose(sim, reference_alpha_beta_cost("ring", 3, 12000, 1e-5, 1e-9))
 
 
 def test_errors():
     with pytest.raises(ValueError, match="unknown algorithm"):
-        netsim.alpha_beta_time("tree", 4, 10, 1, 1)
+        reference_alpha_beta_cost("tree", 4, 10, 1, 1)
     with pytest.raises(ValueError, match="positive integer"):
         netsim.ring_allreduce(0, 10)
     with pytest.raises(ValueError, match="nbytes"):
