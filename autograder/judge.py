@@ -129,6 +129,12 @@ class _Rules:
         return all(self.value(d) for d in args.defaults + [d for d in args.kw_defaults if d is not None])
 
 
+def _names_only(target) -> bool:
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return all(_names_only(t) for t in target.elts)
+    return isinstance(target, ast.Name)
+
+
 def _strip_annotations(node) -> None:
     for sub in ast.walk(node):
         if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -215,7 +221,7 @@ def definitions(source: str, modules: dict[str, str]) -> tuple[str, list[str]]:
         elif isinstance(stmt, ast.ClassDef):
             problem = _class_ok(stmt, rules)
         elif isinstance(stmt, ast.Assign):
-            if not all(isinstance(t, ast.Name) for t in stmt.targets) or not rules.value(stmt.value):
+            if not all(_names_only(t) for t in stmt.targets) or not rules.value(stmt.value):
                 problem = f"assignment on line {stmt.lineno} (only names bound to simple values are run)"
         elif isinstance(stmt, ast.AnnAssign):
             if not isinstance(stmt.target, ast.Name) or not rules.value(stmt.value):

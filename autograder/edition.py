@@ -1,0 +1,142 @@
+"""``python -m autograder student-edition DIR``: the tree an instructor hands out.
+
+The course repository holds the answers (``solutions/``, the reference implementations and hidden checks in
+``autograder/checks/``, tests that plant and fix bugs). The student edition is a separate, git-ready folder with
+only what a student needs:
+
+* ``notebooks/`` (the release: answer cells replaced by stubs, hidden tests cut out), ``labsupport/``;
+* ``autograder/`` without ``checks/``: ``python -m autograder check NOTEBOOK`` runs the visible tests there;
+* ``course``, ``pyproject.toml``, ``environment.yml``, a ``.gitignore`` and a README written for students.
+
+Nothing else is copied, so whatever is added to the repository later stays out unless it is listed here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from .course import Course, CourseError
+
+#: Files and folders of the course root copied as they are.
+TOP_FILES = ["course", "pyproject.toml", "environment.yml", "LICENSE"]
+PACKAGES = ["labsupport", "autograder"]
+#: Never copied (below a package): the hidden checks and their reference implementations.
+EXCLUDED = {"autograder/checks"}
+_IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints", ".DS_Store", "*.egg-info")
+
+GITIGNORE = """.venv/
+__pycache__/
+*.pyc
+.ipynb_checkpoints/
+*.egg-info/
+build/
+"""
+
+README = """# Distributed training, built from `send` and `recv`
+
+A hands-on course in how deep-learning training is spread over many processes. Each notebook takes one idea
+(collectives, the ring all-reduce, data parallelism, tensor and pipeline parallelism, ZeRO, FSDP), explains it,
+has you implement it from lower-level parts on **real multi-process `torch.distributed` workers started from a
+notebook cell**, checks your work, and compares it with PyTorch's own implementation. Everything runs on a laptop
+with no GPU.
+
+## Start
+
+```bash
+./course lab    # first time: sets up .venv with the CPU build of PyTorch, then opens JupyterLab
+```
+
+Needs Python 3.10+ and bash (Linux or macOS). `./course plan` says what set-up would do, without installing
+anything. Conda users: `conda env create -f environment.yml`, activate it, then `COURSE_VENV=none ./course lab`.
+
+On Colab or Kaggle, install the course package into the notebook's Python first (the provided torch is kept):
+
+```python
+%pip install -q "git+<URL of this repository>"
+```
+
+## Work
+
+The notebooks are in `notebooks/`, in order:
+
+{table}
+
+1. Open the next notebook, read, and fill in each exercise cell (`# YOUR CODE HERE`).
+2. The cell after each exercise is a quick visible test: run it.
+3. When you are done, check the whole notebook in a fresh kernel:
+   ```bash
+   .venv/bin/python -m autograder check notebooks/01_collectives/01_collectives.ipynb
+   ```
+   It prints, per exercise, whether its visible tests pass, and an estimate of your score. Grading also runs
+   hidden tests with inputs drawn at grading time and checks *how* you got the answer (a from-scratch collective
+   that calls the built-in loses its points), and it looks only at what your exercise cells define.
+4. Hand in the notebook file itself (`notebooks/ID/ID.ipynb`), with your answers in the exercise cells.
+
+Grading runs your notebook top to bottom and, separately, runs the hidden tests on the functions and classes your
+exercise cells define. Code that reaches into the grader, IPython or private parts of PyTorch is flagged for your
+instructor to review; honest answers never need it.
+
+## Running workers from a cell
+
+```python
+import torch, torch.distributed as dist, labsupport
+
+def work(scale):
+    x = torch.tensor([float(dist.get_rank())], device=labsupport.device())
+    dist.all_reduce(x)
+    return x.item() * scale
+
+labsupport.run(work, 10, world_size=4)      # [60.0, 60.0, 60.0, 60.0], in rank order
+```
+
+`help(labsupport)` describes `run`, `CommCounter`, `Timeline`, `%%distributed` and what a failing or
+deadlocked rank looks like.
+"""
+
+
+def _table(course: Course, ids: list[str]) -> str:
+    return "\n".join(f"- [`{aid}`](notebooks/{aid}/{aid}.ipynb)" for aid in ids)
+
+
+def write_edition(course: Course, dest, force: bool = False) -> Path:
+    """Write the student edition of ``course`` into ``dest``; returns its path."""
+    dest = Path(dest).resolve()
+    if dest == course.root or course.root in dest.parents and dest.parent == course.root and dest.name in (
+            "notebooks", "solutions", "autograder", "labsupport"):
+        raise CourseError(f"{dest} is inside the course itself")
+    if dest.exists():
+        if not dest.is_dir():
+            raise CourseError(f"{dest} exists and is not a directory")
+        if any(dest.iterdir()):
+            if not force:
+                raise CourseError(f"{dest} is not empty (use --force to replace it)")
+            shutil.rmtree(dest)
+    ids = [aid for aid in course.assignments() if (course.notebooks / aid / f"{aid}.ipynb").is_file()]
+    if not ids:
+        raise CourseError(f"no release notebooks in {course.notebooks} (run `python -m autograder release`)")
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in TOP_FILES:
+        src = course.root / name
+        if src.is_file():
+            shutil.copy2(src, dest / name)
+    for aid in ids:
+        shutil.copytree(course.notebooks / aid, dest / "notebooks" / aid, ignore=_IGNORED)
+    for package in PACKAGES:
+        src = course.root / package
+        if not src.is_dir():
+            raise CourseError(f"{src} is missing")
+
+        def ignore(folder, names, _src=src):
+            skipped = set(_IGNORED(folder, names))
+            rel = Path(folder).resolve().relative_to(course.root).as_posix()
+            return skipped | {n for n in names if f"{rel}/{n}" in EXCLUDED}
+
+        shutil.copytree(src, dest / package, ignore=ignore)
+    (dest / "README.md").write_text(README.replace("{table}", _table(course, ids)), encoding="utf-8")
+    (dest / ".gitignore").write_text(GITIGNORE, encoding="utf-8")
+    for path in dest.rglob("*"):
+        if path.is_file():
+            os.chmod(path, 0o755 if path.name == "course" else 0o644)
+    return dest

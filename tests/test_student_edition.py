@@ -1,0 +1,221 @@
+"""The student edition (``python -m autograder student-edition DIR``) holds no answers and works on its own.
+
+* no file of it contains the body of any solution cell, hidden check or reference implementation (normalised:
+  whitespace collapsed, comments and trivial lines dropped, any 3 consecutive lines of a body count);
+* every release notebook runs in it, with only its packages importable, to its NotImplementedErrors;
+* ``check`` runs there (visible tests only), and ``pip install DIR`` gives a working package.
+"""
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+import demo_submissions as demo  # noqa: E402
+
+from autograder.course import Course  # noqa: E402
+from autograder.edition import write_edition  # noqa: E402
+
+REPO = demo.REPO
+WINDOW = 3           # consecutive non-trivial lines of a body that may not appear together anywhere
+MIN_LINE = 12        # shorter lines ("else:", "return out") say nothing
+SINGLE_LINE = 45     # a body of one or two lines counts when a line is at least this long
+
+
+@pytest.fixture(scope="module")
+def edition(tmp_path_factory):
+    dest = tmp_path_factory.mktemp("edition") / "course"
+    proc = demo.cli("student-edition", dest)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return dest
+
+
+def _norm_lines(text: str) -> list[str]:
+    out = []
+    for line in text.splitlines():
+        line = " ".join(line.split())
+        if not line or line.startswith("#") or line.startswith(('"""', "'''")) or len(line) < MIN_LINE:
+            continue
+        if "BEGIN SOLUTION" in line or "END SOLUTION" in line:
+            continue
+        out.append(line)
+    return out
+
+
+def _solution_bodies() -> dict[str, list[str]]:
+    """name -> normalised lines of every solution region in solutions/ and every function of autograder/checks/."""
+    bodies = {}
+    for path in sorted((REPO / "solutions").glob("*/*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        for i, cell in enumerate(nb.cells):
+            text, inside, region = cell.source, False, []
+            for line in text.splitlines():
+                if "BEGIN SOLUTION" in line or "BEGIN HIDDEN TESTS" in line:
+                    inside, region = True, []
+                elif "END SOLUTION" in line or "END HIDDEN TESTS" in line:
+                    inside = False
+                    bodies[f"{path.stem} cell {i}"] = _norm_lines("\n".join(region))
+                elif inside:
+                    region.append(line)
+    for path in sorted((REPO / "autograder" / "checks").glob("*.py")):
+        source = path.read_text()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                body = ast.get_source_segment(source, node) or ""
+                lines = _norm_lines("\n".join(body.splitlines()[1:]))  # without the def line
+                bodies[f"{path.name}:{node.name}"] = lines
+    return {k: v for k, v in bodies.items() if v}
+
+
+def _windows(lines: list[str]) -> set[tuple[str, ...]]:
+    if len(lines) < WINDOW:
+        return {tuple(lines)} if max(map(len, lines)) >= SINGLE_LINE or len(lines) == WINDOW - 1 else set()
+    return {tuple(lines[i:i + WINDOW]) for i in range(len(lines) - WINDOW + 1)}
+
+
+def _edition_texts(root: Path) -> dict[str, list[str]]:
+    texts = {}
+    for path in sorted(root.rglob("*")):
+        if not path.is_file() or ".git" in path.parts:
+            continue
+        rel = path.relative_to(root).as_posix()
+        if path.suffix == ".ipynb":
+            nb = json.loads(path.read_text())
+            chunks = ["".join(c["source"]) if isinstance(c["source"], list) else c["source"] for c in nb["cells"]]
+            for k, chunk in enumerate(chunks):
+                texts[f"{rel} cell {k}"] = _norm_lines(chunk)
+            continue
+        try:
+            texts[rel] = _norm_lines(path.read_text())
+        except UnicodeDecodeError:
+            continue
+    return texts
+
+
+def test_layout(edition):
+    names = sorted(p.name for p in edition.iterdir())
+    assert names == sorted([".gitignore", "README.md", "autograder", "course", "environment.yml", "labsupport",
+                            "notebooks", "pyproject.toml"] + (["LICENSE"] if (REPO / "LICENSE").exists() else []))
+    assert not (edition / "autograder" / "checks").exists()
+    assert os.access(edition / "course", os.X_OK)
+    readme = (edition / "README.md").read_text()
+    assert "./course lab" in readme and "python -m autograder check" in readme and "%pip install" in readme
+    released = sorted(p.name for p in (edition / "notebooks").iterdir())
+    assert released == sorted(p.name for p in (REPO / "notebooks").iterdir() if (p / f"{p.name}.ipynb").exists())
+    for path in edition.rglob("*"):  # the grader's own code names the markers; nothing else may hold one
+        if path.is_file() and path.suffix in (".py", ".ipynb", ".md") and "autograder" not in path.parts:
+            text = path.read_text()
+            for marker in ("BEGIN SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"):
+                assert marker not in text, (path, marker)
+
+
+def _leaks(root: Path) -> list[str]:
+    bodies = _solution_bodies()
+    assert len(bodies) > 20, "found too few solution bodies: is the course there?"
+    index = {}
+    for name, lines in _edition_texts(root).items():
+        for k in range(len(lines)):  # every run of 1, 2 and WINDOW lines
+            for n in range(1, WINDOW + 1):
+                if k + n <= len(lines):
+                    index.setdefault(tuple(lines[k:k + n]), name)
+    leaks = []
+    for name, lines in bodies.items():
+        for w in _windows(lines):
+            if w in index:
+                leaks.append(f"{name} appears in {index[w]}: {' / '.join(w)[:200]}")
+                break
+    return leaks
+
+
+def test_no_answers_in_the_edition(edition):
+    """No file of the edition contains 3 consecutive lines of any solution cell, hidden test, check or reference
+    implementation (after normalisation); this also catches a helper module that carries an exercise's answer."""
+    leaks = _leaks(edition)
+    assert not leaks, "\n".join(leaks)
+
+
+def test_the_leak_test_finds_a_planted_answer(edition, tmp_path):
+    """A lesson helper that carries a solution (re-indented, with comments) is found."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(edition, copy)
+    nb = nbformat.read(REPO / "solutions" / "01_collectives" / "01_collectives.ipynb", as_version=4)
+    answer = next(c.source for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "all_gather")
+    body = answer.split("### BEGIN SOLUTION")[1].split("### END SOLUTION")[0]
+    planted = "def gather_everything(tensor):\n    # a helper\n" + "\n".join(
+        "    " + line for line in body.splitlines())
+    (copy / "labsupport" / "helpers_extra.py").write_text(planted)
+    leaks = _leaks(copy)
+    assert any("helpers_extra.py" in leak for leak in leaks), leaks
+
+
+def _edition_env(edition: Path) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(edition), LABSUPPORT_GRADING="1", MPLBACKEND="Agg")
+    return env
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("aid", sorted(p.name for p in (REPO / "notebooks").iterdir()
+                                       if (p / f"{p.name}.ipynb").exists()))
+def test_release_runs_to_its_not_implemented_errors(edition, aid):
+    from nbclient import NotebookClient
+
+    path = edition / "notebooks" / aid / f"{aid}.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    probe = nbformat.v4.new_code_cell(
+        "import importlib.util, labsupport, autograder\n"
+        f"assert labsupport.__file__.startswith({str(edition)!r}), labsupport.__file__\n"
+        f"assert autograder.__file__.startswith({str(edition)!r}), autograder.__file__\n"
+        "assert importlib.util.find_spec('autograder.checks') is None\n")
+    nb.cells.insert(0, probe)
+    client = NotebookClient(nb, timeout=300, allow_errors=True, kernel_name="python3",
+                            resources={"metadata": {"path": str(path.parent)}})
+    client.execute(env=_edition_env(edition))
+    assert not [o for o in nb.cells[0].outputs if o.get("output_type") == "error"], nb.cells[0].outputs
+    errors = []
+    for i, cell in enumerate(nb.cells):
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error":
+                text = out.get("ename", "") + ": " + out.get("evalue", "") + "\n".join(out.get("traceback", []))
+                if "NotImplementedError" not in re.sub(r"\x1b\[[0-9;]*m", "", text):
+                    errors.append(f"cell {i}: {out.get('ename')}: {out.get('evalue', '')[:300]}")
+    assert not errors, "\n".join(errors)
+    stubs = sum("raise NotImplementedError" in c.source for c in nb.cells if c.cell_type == "code")
+    raised = sum(any(o.get("output_type") == "error" for o in c.get("outputs", [])) for c in nb.cells)
+    assert stubs and raised, (stubs, raised)
+
+
+@pytest.mark.timeout(600)
+def test_check_runs_in_the_edition(edition):
+    path = edition / "notebooks" / "01_collectives" / "01_collectives.ipynb"
+    proc = subprocess.run([sys.executable, "-m", "autograder", "check", str(path)], cwd=edition,
+                          env=_edition_env(edition), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Local estimate: 0 / " in proc.stdout and "NotImplementedError" in proc.stdout, proc.stdout
+
+
+@pytest.mark.timeout(600)
+def test_pip_install_of_the_edition(edition, tmp_path):
+    target = tmp_path / "site"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--quiet",
+                           "--target", str(target), str(edition)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    code = ("import importlib.util, labsupport, autograder, autograder.check, labsupport.plots\n"
+            f"assert labsupport.__file__.startswith({str(target)!r}), labsupport.__file__\n"
+            "assert importlib.util.find_spec('autograder.checks') is None\n"
+            "print(labsupport.run(lambda: 1 + 1, world_size=2, timeout=60))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(target)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[2, 2]" in proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "autograder", "--help"], cwd=tmp_path, capture_output=True,
+                          text=True, env=dict(os.environ, PYTHONPATH=str(target)))
+    assert proc.returncode == 0 and "student-edition" in proc.stdout, proc.stderr
