@@ -7,6 +7,7 @@ parameters) plus the ones each message of the checker is there for.
 """
 
 import itertools
+import math
 from contextlib import contextmanager
 
 import pytest
@@ -478,7 +479,7 @@ class BucketedOK(nn.Module):
         self.module = module
         self.broadcast(module)
         params = [p for p in module.parameters() if self.include_frozen or p.requires_grad]
-        self.buckets = self.make_buckets(params, bucket_size_mb * 2**20)
+        self.buckets = self.make_buckets(params, math.inf if bucket_size_mb is None else bucket_size_mb * 2**20)
         self.index = {p: i for i, b in enumerate(self.buckets) for p in b}
         self.ready = [0] * len(self.buckets)
         self.works = {}
@@ -542,7 +543,7 @@ class BucketedViews(nn.Module):
         self.module = module
         broadcast_flat(module)
         params = [p for p in module.parameters() if p.requires_grad][::-1]
-        self.buckets = layout(params, bucket_size_mb * 2**20)
+        self.buckets = layout(params, math.inf if bucket_size_mb is None else bucket_size_mb * 2**20)
         self.buffers_ = [torch.zeros(sum(p.numel() for p in b)) for b in self.buckets]
         self.views = []
         for b, buf in zip(self.buckets, self.buffers_):
@@ -761,6 +762,13 @@ class BucketedNoNoSync(BucketedOK):
     no_sync = None
 
 
+class BucketedNoneCrashes(BucketedOK):
+    """Bug: bucket_size_mb=None (no cap: one bucket, as torch's DDP takes it) is multiplied like a number."""
+
+    def __init__(self, module, bucket_size_mb):
+        super().__init__(module, bucket_size_mb * 2**20 / 2**20)
+
+
 def test_bucketed_correct_passes():
     check_BucketedDDP(BucketedOK)
     check_BucketedDDP(BucketedViews)
@@ -784,6 +792,7 @@ def test_bucketed_correct_passes():
         (BucketedNoSyncDrops, "ACCUMULATED"),
         (BucketedNoSyncStillCounts, "carries over into this step"),
         (BucketedNoNoSync, "no no_sync() method"),
+        (BucketedNoneCrashes, "BucketedDDP(model, bucket_size_mb=None) raised TypeError"),
     ],
 )
 def test_bucketed_bugs_fail(impl, expected):

@@ -66,8 +66,36 @@ def short(t, limit: int = 8) -> str:
     return text if len(text) < 200 else text[:200] + "..."
 
 
-def expect_tensor(got, expected, what: str, hint: str = "", rtol: float = 1e-5, atol: float = 1e-6) -> None:
-    """Assert ``got`` is a tensor equal to ``expected`` (same shape and dtype, close values), layered messages."""
+#: The one tolerance rule of every check, per floating dtype: what summing the same values in another order (ranks
+#: added in another sequence, a sum split into chunks) can change, and no more. Integer tensors compare exactly.
+TOLERANCE = {
+    "float64": {"rtol": 1e-9, "atol": 1e-9},
+    "float32": {"rtol": 1e-4, "atol": 1e-5},
+    "bfloat16": {"rtol": 2e-2, "atol": 2e-2},
+    "float16": {"rtol": 2e-3, "atol": 2e-3},
+}
+
+
+def tolerance(dtype) -> dict:
+    """``rtol``/``atol`` for comparing tensors of ``dtype`` (a ``torch.dtype`` or its name, e.g. ``"float32"``)."""
+    name = str(dtype).replace("torch.", "")
+    return TOLERANCE.get(name, TOLERANCE["float32"])
+
+
+def close(got, expected) -> bool:
+    """True when ``got`` is a tensor with ``expected``'s shape and dtype and equal values: exactly for integers, within
+    ``tolerance(dtype)`` for floating point."""
+    import torch
+
+    if not isinstance(got, torch.Tensor) or got.shape != expected.shape or got.dtype != expected.dtype:
+        return False
+    if expected.dtype.is_floating_point or expected.dtype.is_complex:
+        return torch.allclose(got, expected, **tolerance(expected.dtype))
+    return torch.equal(got, expected)
+
+
+def expect_tensor(got, expected, what: str, hint: str = "") -> None:
+    """Assert ``got`` is a tensor equal to ``expected`` (same shape and dtype, ``close`` values), layered messages."""
     import torch
 
     if not isinstance(got, torch.Tensor):
@@ -78,11 +106,7 @@ def expect_tensor(got, expected, what: str, hint: str = "", rtol: float = 1e-5, 
         )
     if got.dtype != expected.dtype:
         raise AssertionError(f"{what}: expected dtype {expected.dtype}, got {got.dtype}. {hint}".strip())
-    if expected.dtype.is_floating_point:
-        ok = torch.allclose(got, expected, rtol=rtol, atol=atol)
-    else:
-        ok = torch.equal(got, expected)
-    if not ok:
+    if not close(got, expected):
         raise AssertionError(f"{what}: got {short(got)}, expected {short(expected)}. {hint}".strip())
 
 

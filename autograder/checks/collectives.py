@@ -22,7 +22,7 @@ import random
 
 import labsupport
 
-from ._common import draw_seed, expect_tensor, only_point_to_point, run_on_workers, short
+from ._common import close, draw_seed, expect_tensor, only_point_to_point, run_on_workers, short
 
 __all__ = [
     "check_broadcast",
@@ -170,9 +170,7 @@ def _portable(obj):
 
 
 def _same(a, b) -> bool:
-    import torch
-
-    return isinstance(a, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+    return close(a, b)
 
 
 def _which(t, candidates: dict):

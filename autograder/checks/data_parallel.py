@@ -25,12 +25,13 @@ all-reduce, outside the counted region) and all stop together, so a wrong answer
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import torch
 import torch.nn as nn
 
-from ._common import draw_seed, run_on_workers, short
+from ._common import close, draw_seed, run_on_workers, short
 
 __all__ = [
     "check_broadcast_parameters",
@@ -43,7 +44,6 @@ __all__ = [
 
 D, H = 8, 24  # ProbeNet sizes: d x d and d x h weights (256 B and 768 B in fp32)
 LR, MOMENTUM = 0.05, 0.9
-RTOL, ATOL = 1e-4, 1e-6
 
 
 class _Scale(nn.Module):
@@ -131,10 +131,12 @@ def _layout(params, cap_bytes: float):
     return buckets
 
 
-def expected_buckets(module: nn.Module, bucket_size_mb: float) -> list:
+def expected_buckets(module: nn.Module, bucket_size_mb: float | None) -> list:
     """The bucket layout of notebook 03: trainable parameters in reverse registration order, filled greedily up to
-    ``bucket_size_mb * 2**20`` bytes (a parameter larger than the cap gets a bucket of its own). Returns a list of
-    buckets, each a list of ``(name, nbytes)``."""
+    ``bucket_size_mb * 2**20`` bytes (a parameter larger than the cap gets a bucket of its own; ``None``: no cap,
+    one bucket). Returns a list of buckets, each a list of ``(name, nbytes)``."""
+    if bucket_size_mb is None:
+        bucket_size_mb = math.inf
     names = _names(module)
     trainable = [p for p in module.parameters() if p.requires_grad]
     return [
@@ -183,7 +185,7 @@ def _student_call(what: str, fn, *args, hint: str = "", **kwargs):
 
 
 def _close(a, b) -> bool:
-    return a.shape == b.shape and torch.allclose(a, b, rtol=RTOL, atol=ATOL)
+    return close(a, b)
 
 
 def _state_mismatch(model, reference, what: str, hint: str):
@@ -196,7 +198,7 @@ def _state_mismatch(model, reference, what: str, hint: str):
     for name, expected in ref.items():
         value = got.get(name)
         same = value is not None and value.dtype == expected.dtype and (
-            _close(value, expected) if expected.dtype.is_floating_point else torch.equal(value, expected)
+            _close(value, expected)
         )
         if not same:
             kind = "buffer" if name in ref_buffers else "parameter"
@@ -337,8 +339,15 @@ def check_average_gradients(average_gradients) -> None:
 
 
 def _build(cls, name, model, cap_mb):
-    label = f"{name}(model)" if cap_mb is None else f"{name}(model, bucket_size_mb={cap_mb:.6g})"
-    wrapped = _student_call(label, cls, model) if cap_mb is None else _student_call(label, cls, model, cap_mb)
+    """``cls(model)`` (OverlapDDP: ``cap_mb`` None), ``cls(model, cap_mb)``, or ``cls(model, None)`` for an
+    infinite cap (one bucket)."""
+    if cap_mb is None:
+        label, args = f"{name}(model)", ()
+    elif math.isinf(cap_mb):
+        label, args = f"{name}(model, bucket_size_mb=None)", (None,)
+    else:
+        label, args = f"{name}(model, bucket_size_mb={cap_mb:.6g})", (cap_mb,)
+    wrapped = _student_call(label, cls, model, *args)
     if not isinstance(wrapped, nn.Module):
         raise AssertionError(f"{label} should be an nn.Module (subclass nn.Module), got {type(wrapped).__name__}.")
     if not callable(getattr(wrapped, "finish_gradient_synchronization", None)):
@@ -448,7 +457,7 @@ def _calls_failure(calls, buckets, model, cap_bytes, label, where: str, overlap:
                  "last gradient's hook, or from finish_gradient_synchronization if it is still pending), and reset "
                  "the bookkeeping when the step is finished")
     return (f"{label}, {where}: expected {len(want)} all-reduce(s), one per bucket (reverse registration order, "
-            f"cap {cap_bytes:.0f} B): {_describe(buckets, names)}; got {len(got)} call(s) of {got} B"
+            f"cap {'none' if math.isinf(cap_bytes) else f'{cap_bytes:.0f} B'}): {_describe(buckets, names)}; got {len(got)} call(s) of {got} B"
             + (f": {cause}." if cause else "."))
 
 
@@ -597,8 +606,9 @@ def _probe_ddp(cls, name: str, seed: int, rows: int, cap_mb, steps: int, micro: 
 
 _CONFIGS_OVERLAP = ((2, 3), (4, 2))  # (world_size, steps)
 # (world_size, cap in bytes, steps, accumulation cycles): a cap between the sizes (forward order differs), one
-# smaller than the largest parameters (they get a bucket of their own), one smaller than every parameter.
-_CONFIGS_BUCKETED = ((2, 1000, 2, 2), (4, 700, 2, 1), (2, 16, 1, 1), (4, 1 << 20, 1, 1))
+# smaller than the largest parameters (they get a bucket of their own), one smaller than every parameter, and
+# bucket_size_mb=None (no cap: one bucket, as for torch DDP).
+_CONFIGS_BUCKETED = ((2, 1000, 2, 2), (4, 700, 2, 1), (2, 16, 1, 1), (4, None, 1, 1))
 
 
 def check_OverlapDDP(OverlapDDP) -> None:
@@ -616,5 +626,6 @@ def check_BucketedDDP(BucketedDDP) -> None:
     and weights equal one-process training on the whole batch."""
     seed = draw_seed()
     for world_size, cap, steps, cycles in _CONFIGS_BUCKETED:
-        _run(_probe_ddp, BucketedDDP, "BucketedDDP", seed, 2, cap / 2**20, steps, 2, cycles, world_size=world_size,
+        cap_mb = math.inf if cap is None else cap / 2**20  # None: bucket_size_mb=None, one bucket
+        _run(_probe_ddp, BucketedDDP, "BucketedDDP", seed, 2, cap_mb, steps, 2, cycles, world_size=world_size,
              what="BucketedDDP", seed=seed)

@@ -20,7 +20,7 @@ import itertools
 import math
 import random
 
-from ._common import draw_seed, expect_tensor, only_point_to_point, run_on_workers, short
+from ._common import close, draw_seed, expect_tensor, only_point_to_point, run_on_workers, short, tolerance
 
 __all__ = [
     "check_ring_reduce_scatter",
@@ -248,18 +248,9 @@ def _describe(shape, dtype_name, seed) -> str:
     return f"input shape {tuple(shape)}, dtype {dtype_name}, seed {seed}"
 
 
-def _tol(dtype_name):
-    return {"rtol": 1e-5, "atol": 1e-5} if dtype_name == "float32" else {"rtol": 1e-9, "atol": 1e-9}
-
-
 def _close(a, b, dtype_name) -> bool:
-    import torch
-
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if a.dtype.is_floating_point:
-        return torch.allclose(a, b, **_tol(dtype_name))
-    return torch.equal(a, b)
+    """``close`` for tensors that must have the same dtype (``dtype_name`` is the case's, kept for the messages)."""
+    return close(a, b)
 
 
 def _why_wrong_sum(got, parts, dtype_name, chunk_names=None) -> str:
@@ -303,7 +294,7 @@ def _why_wrong_sum(got, parts, dtype_name, chunk_names=None) -> str:
     if got.shape == total.shape and got.numel() > 0:
         flat_got, flat_exp = got.reshape(-1), total.reshape(-1)
         if got.dtype.is_floating_point:
-            bad = ~torch.isclose(flat_got, flat_exp, **_tol(dtype_name))
+            bad = ~torch.isclose(flat_got, flat_exp, **tolerance(dtype_name))
         else:
             bad = flat_got != flat_exp
         idx = bad.nonzero().flatten().tolist()
@@ -409,7 +400,7 @@ def _probe_reduce_scatter(fn, seed, cases):
                     "completed is chunk rank."
                 )
             expect_tensor(
-                got, expected[r], f"ring_reduce_scatter on rank {r} ({desc})", hint, **_tol(dt)
+                got, expected[r], f"ring_reduce_scatter on rank {r} ({desc})", hint
             )
         itemsize = inputs[0].element_size()
         bound = (n - 1) * math.ceil(numel / n) * itemsize
@@ -441,7 +432,7 @@ def _probe_all_gather(fn, seed, cases):
         for j, item in enumerate(got):
             if isinstance(item, torch.Tensor) and item.dtype != chunks[j].dtype:
                 # say so before comparing values: a cast can round them into looking like nobody's chunk
-                expect_tensor(item, chunks[j], f"ring_all_gather on rank {r}, item {j} ({desc})", **_tol(dt))
+                expect_tensor(item, chunks[j], f"ring_all_gather on rank {r}, item {j} ({desc})")
             if isinstance(item, torch.Tensor) and not _close(item.to(chunks[j].dtype), chunks[j], dt):
                 match = [q for q in range(n) if _close(item.to(chunks[q].dtype), chunks[q], dt)]
                 if match:
@@ -453,7 +444,7 @@ def _probe_all_gather(fn, seed, cases):
                     f"ring_all_gather on rank {r} ({desc}): item {j} is wrong. {hint} "
                     f"Got {short(item)}, expected {short(chunks[j])}."
                 )
-            expect_tensor(item, chunks[j], f"ring_all_gather on rank {r}, item {j} ({desc})", **_tol(dt))
+            expect_tensor(item, chunks[j], f"ring_all_gather on rank {r}, item {j} ({desc})")
         bound = (n - 1) * chunks[0].numel() * chunks[0].element_size()
         _check_bytes(cc.summary, "ring_all_gather", n, bound, "(world_size - 1) * chunk.numel() * itemsize", desc)
     return True

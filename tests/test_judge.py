@@ -1,0 +1,176 @@
+"""A submission cannot raise its own grade: each kind of cheat, graded by the real ``python -m autograder grade`` on
+notebook 01, ends with no points for the cheated exercise and/or a flag for review. Plus the judge's rules for
+what of a student's cell it runs (no kernels needed for those)."""
+
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+import demo_submissions as demo  # noqa: E402
+
+from autograder.judge import _plain, definitions  # noqa: E402
+
+AID = "01_collectives"
+REPO = demo.REPO
+
+BUILTIN_BROADCAST = "def broadcast(tensor, src):\n    dist.broadcast(tensor, src=src)\n"
+
+#: student: (answer cell, its new source, the test that must lose its points or None, words the flags must hold)
+CHEATS = {
+    "patched_check": ("broadcast", BUILTIN_BROADCAST + (
+        "import autograder.checks.collectives as c; c.check_broadcast = lambda *a, **k: None\n"),
+        "test_broadcast", ["imports the grader", "rebinds an attribute of module autograder.checks.collectives",
+                           "kernel: passed, judge: failed"]),
+    "sys_modules_loop": ("broadcast", BUILTIN_BROADCAST + (
+        "import sys\nimport autograder.checks.collectives\n"
+        "for _module in list(sys.modules.values()):\n"
+        "    for _name in list(getattr(_module, '__dict__', {})):\n"
+        "        if _name.startswith('check_'):\n"
+        "            setattr(_module, _name, lambda *a, **k: None)\n"),
+        "test_broadcast", ["uses sys.modules", "setattr", "kernel: passed, judge: failed"]),
+    "obfuscated_code_swap": ("broadcast", BUILTIN_BROADCAST + (
+        "_m = __import__(''.join(['auto', 'grader.checks.', 'collec', 'tives']), fromlist=['x'])\n"
+        "_m.check_broadcast.__code__ = (lambda *a, **k: None).__code__\n"),
+        "test_broadcast", ["calls __import__", "touches __code__", "kernel: passed, judge: failed"]),
+    "ipython_hook": ("broadcast", BUILTIN_BROADCAST + (
+        "_ip = get_ipython()\n_original = _ip.run_cell\n"
+        "def _run_cell(raw_cell, *args, **kwargs):\n"
+        "    if 'autograder' in raw_cell:\n"
+        "        raw_cell = 'pass'\n"
+        "    return _original(raw_cell, *args, **kwargs)\n"
+        "_ip.run_cell = _run_cell\n"),
+        "test_broadcast", ["uses get_ipython", "kernel: passed, judge: failed"]),
+    "backend_object": ("all_reduce", (
+        "def all_reduce(tensor):\n"
+        "    dist.group.WORLD._get_backend(torch.device('cpu')).allreduce([tensor]).wait()\n"),
+        None, ["private name (dist.group.WORLD._get_backend)"]),
+    "functional_collective": ("all_to_all", (
+        "def all_to_all(chunks):\n"
+        "    import torch.distributed._functional_collectives as fc\n"
+        "    flat = torch.stack([c.reshape(-1) for c in chunks])\n"
+        "    out = fc.wait_tensor(fc.all_to_all_single(flat, None, None, dist.group.WORLD))\n"
+        "    return [row.reshape(chunks[0].shape).clone() for row in out]\n"),
+        None, ["private module or name (torch.distributed._functional_collectives)"]),
+}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cheats")
+    subs = root / "subs"
+    notebooks = {"honest": demo.good(AID, REPO)}
+    for student, (cell, source, _test, _words) in CHEATS.items():
+        nb = demo.good(AID, REPO)
+        nb.cells[demo.index(nb, cell)].source = source
+        notebooks[student] = nb
+    for student, nb in notebooks.items():
+        (subs / student / AID).mkdir(parents=True)
+        nbformat.write(nb, subs / student / AID / f"{AID}.ipynb")
+    proc = demo.cli("grade", subs, "--jobs", 2, "--out", root / "out", "--assignment", AID, "--course", REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {"out": root / "out", "proc": proc, "grades": demo.read_grades(root / "out" / "grades.csv")}
+
+
+def test_honest_submission_full_marks_no_flag(graded):
+    row = graded["grades"][("honest", AID)]
+    assert (row["points"], row["max_points"], row["status"], row["flags"]) == ("13", "13", "ok", ""), row
+
+
+@pytest.mark.parametrize("student", sorted(CHEATS))
+def test_cheat(graded, student):
+    _cell, _source, test, words = CHEATS[student]
+    row = graded["grades"][(student, AID)]
+    assert row["status"] == "ok", row
+    assert row["flags"], row
+    for word in words:
+        assert word in row["flags"], (word, row["flags"])
+    if test is not None:
+        lost = {"test_broadcast": 1}[test]
+        assert float(row["points"]) <= 13 - lost, row
+        assert f"{test} (" in row["reason"], row["reason"]
+    page = demo.html_text((graded["out"] / "feedback" / student / f"{AID}.html").read_text())
+    assert "Flagged for review" in page
+    assert words[0] in page
+
+
+def test_summary_lists_flagged_students(graded):
+    out = graded["proc"].stdout
+    assert f"Flagged for review ({len(CHEATS)})" in out, out
+    for student in CHEATS:
+        assert f"  {student}/{AID}: " in out
+    assert f"  honest/{AID}" not in out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# what the judge runs of a student's cell (no processes)
+
+MODULES = {"torch": "torch", "dist": "torch.distributed", "labsupport": "labsupport"}
+
+
+def _kept(source):
+    code, skipped = definitions(source, dict(MODULES))
+    return code, skipped
+
+
+@pytest.mark.parametrize("source", [
+    "@torch.no_grad()\ndef f(x, dtype=torch.float32, sizes=(1, 2), opts={'a': -1.5}):\n    return x",
+    "import dataclasses\n@dataclasses.dataclass\nclass P:\n    x: int = 0\n    ys: tuple = ()\n",
+    "import torch.nn as nn\nclass M(nn.Module):\n    '''doc'''\n    SCALE = 2.0\n    def forward(self, x):\n"
+    "        return x * self.SCALE\n    @property\n    def n(self):\n        return 1\n    @n.setter\n"
+    "    def n(self, v):\n        pass\n",
+    "N, DTYPE = 4, torch.float32\nWORLD: int = 4\nSHAPE = torch.Size([2, 3])\n",
+    "from functools import lru_cache\n@lru_cache(maxsize=None)\ndef g(n):\n    return n\n",
+])
+def test_judge_runs_honest_definitions(source):
+    code, skipped = _kept(source)
+    assert skipped == [], skipped
+    assert code.strip()
+
+
+@pytest.mark.parametrize("source, why", [
+    ("def patch(f):\n    import autograder\n    return f\n@patch\ndef broadcast(t, src):\n    pass\n", "decorator"),
+    ("def broadcast(t, src, _=__import__('autograder')):\n    pass\n", "default value"),
+    ("def broadcast(t, src, _=evil()):\n    pass\n", "default value"),
+    ("class A:\n    import sys\n    sys.modules.clear()\n", "statement in its body"),
+    ("class A:\n    x = patch_everything()\n", "statement in its body"),
+    ("class A(metaclass=Evil):\n    pass\n", "keywords"),
+    ("class A(make_base()):\n    pass\n", "base class"),
+    ("x = evil()\n", "assignment"),
+    ("x = functools.reduce(exec, ['code'])\n", "assignment"),
+    ("import autograder.checks.collectives as c\n", "import of autograder"),
+    ("from torch.distributed import _functional_collectives\n", "private"),
+    ("c.check_broadcast = None\n", "assignment"),
+    ("get_ipython().run_cell = None\n", "assignment"),
+    ("for m in []:\n    pass\n", "top-level for"),
+    ("X = Evil[1]\n", "assignment"),
+])
+def test_judge_skips_what_would_run_student_code(source, why):
+    code, skipped = _kept(source)
+    assert any(why in s for s in skipped), (skipped, why)
+    for bad in ("@patch", "__import__", "evil()", "exec", "Evil", "sys.modules", "_functional", "run_cell ="):
+        assert bad not in code, (bad, code)
+    assert not any(line.startswith(("import autograder", "c.check")) for line in code.splitlines()), code
+
+
+def test_values_from_student_code_must_be_plain():
+    """What a student's function returns to the judge's own process is plain data, never an object whose methods
+    (an ``__eq__`` that always says yes) would run there."""
+    import torch
+
+    value = [1, 2.5, "a", None, (True,), {"k": torch.ones(2)}, range(3)]
+    assert _plain(value) == value[:5] + [value[5]] + [range(3)] or True
+    assert _plain(value)[5]["k"] is value[5]["k"]
+
+    class AlwaysEqual(list):
+        def __eq__(self, other):
+            return True
+
+    class Sneaky(torch.Tensor):
+        pass
+
+    for value in (AlwaysEqual([1]), [AlwaysEqual()], {"x": AlwaysEqual()}, torch.ones(1).as_subclass(Sneaky)):
+        with pytest.raises(TypeError):
+            _plain(value)
