@@ -258,6 +258,9 @@ def judge_env(course_root: str | os.PathLike) -> dict:
     return env
 
 
+_SHORT_TMP = "/tmp" if os.path.isdir("/tmp") else None
+
+
 class Judge:
     """One judge process, started ahead of time (it imports IPython and starts labsupport's fork server while it
     waits for a submission). ``start`` gives it the submission, ``result`` waits for its verdicts."""
@@ -265,13 +268,14 @@ class Judge:
     def __init__(self, course_root: str, log_dir: Path):
         import tempfile
 
-        self.cwd = Path(tempfile.mkdtemp(prefix="judge-"))
+        # not below the grader's own (deep) temporary directory: sockets made in it need a short path
+        self.cwd = Path(tempfile.mkdtemp(prefix="judge-", dir=os.environ.get("TMPDIR") or _SHORT_TMP))
         self.log_path = Path(log_dir) / f"judge-{os.getpid()}-{time.monotonic_ns()}.log"
         self.log = open(self.log_path, "wb")
         self.nonce = secrets.token_hex(16)
         env = judge_env(course_root)
-        (self.cwd / ".tmp").mkdir()
-        env["TMPDIR"] = str(self.cwd / ".tmp")  # its temporary files go when it is closed, even after a SIGKILL
+        (self.cwd / "t").mkdir()
+        env["TMPDIR"] = str(self.cwd / "t")  # its temporary files go when it is closed, even after a SIGKILL
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "autograder.judge"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=self.log, cwd=self.cwd, env=env, start_new_session=True)

@@ -164,7 +164,7 @@ class _Screen(ast.NodeVisitor):
         path = self._module_path(parts) if parts else None
         if attr == "modules" and path == "sys.modules":
             self.add("uses sys.modules")
-        if _private(attr) and attr not in self.own_private:
+        if _private(attr) and attr not in self.own_private and (path or attr in private_internals()):
             self.add(f"uses a private name ({'.'.join(parts) if parts else '...' + '.' + attr})")
         if path and path.split(".")[0] in FLAGGED_MODULES:
             self._check_module(path)
@@ -219,13 +219,16 @@ class _Screen(ast.NodeVisitor):
                 module, name = (path, parts[-1]) if path else ("?", parts[-1])
             if name in ("setattr", "delattr") and module is None and node.args:
                 first = _dotted(node.args[0])
-                if not (first and first[0] in ("self", "cls") and len(first) == 1):
-                    self.add(f"calls {name} on something other than self")
+                if first and self._module_path(first):
+                    self.add(f"calls {name} on module {self._module_path(first)}")
+                elif not first and isinstance(node.args[0], ast.Call):
+                    self.add(f"calls {name} on an object it looks up")
             if name == "getattr" and module is None and len(node.args) >= 2:
                 attr = node.args[1]
                 first = _dotted(node.args[0])
                 if isinstance(attr, ast.Constant) and isinstance(attr.value, str) and _private(attr.value) \
-                        and attr.value not in self.own_private:
+                        and attr.value not in self.own_private and (self._module_path(first or [])
+                                                                    or attr.value in private_internals()):
                     self.add(f"uses a private name (getattr(..., {attr.value!r}))")
                 elif not isinstance(attr, ast.Constant) and first and self._module_path(first):
                     self.add("looks up a module attribute by a computed name (getattr)")
@@ -252,6 +255,54 @@ class _Screen(ast.NodeVisitor):
             return  # Path("x").write_text(...): judged by the Path(...) call itself
         # a method of some object: only worth a flag when the object is obviously a path built elsewhere
         return
+
+
+#: Private attributes of torch.nn / autograd objects that honest parallelism code uses (FSDP swaps parameters).
+ALLOWED_PRIVATE = {"_parameters", "_buffers", "_modules", "_forward_hooks", "_forward_pre_hooks",
+                   "_backward_hooks", "_backward_pre_hooks", "_version", "_non_persistent_buffers_set"}
+_INTERNALS: set[str] | None = None
+
+
+def private_internals() -> set[str]:
+    """Underscore names of the communication stack and of the course's own packages: the private attributes of
+    ``torch.distributed`` (its modules, process groups, backends, work objects), of ``torch._C._distributed_c10d``
+    and of ``labsupport``'s modules. Reaching one from any object (``pg._get_backend(...)``) is a flag."""
+    global _INTERNALS
+    if _INTERNALS is None:
+        names: set[str] = set()
+        try:
+            import importlib
+
+            import torch.distributed as dist
+
+            objects = [dist, getattr(dist, "distributed_c10d", None), getattr(dist, "ProcessGroup", None),
+                       getattr(dist, "Work", None), getattr(torch_c10d(), "Backend", None), torch_c10d(),
+                       getattr(dist, "Backend", None)]
+            for name in ("ProcessGroupGloo", "ProcessGroupNCCL", "ProcessGroupMPI"):
+                objects.append(getattr(dist, name, None) or getattr(torch_c10d(), name, None))
+            for module in ("labsupport", "labsupport.launch", "labsupport.comm", "labsupport._pool",
+                           "labsupport._worker", "labsupport._callboard", "labsupport.timeline"):
+                try:
+                    objects.append(importlib.import_module(module))
+                except Exception:
+                    pass
+            for obj in objects:
+                if obj is not None:
+                    names.update(n for n in dir(obj) if _private(n))
+        except Exception:
+            names = {"_get_backend", "_functional_collectives", "_C", "_distributed_c10d", "_default_pg",
+                     "_world", "_allgather_base", "_reduce_scatter_base"}
+        _INTERNALS = names - ALLOWED_PRIVATE
+    return _INTERNALS
+
+
+def torch_c10d():
+    try:
+        import torch._C._distributed_c10d as c10d  # noqa: PLC2701 (read-only: names to look for)
+
+        return c10d
+    except Exception:
+        return None
 
 
 def _local_path(node) -> bool:
