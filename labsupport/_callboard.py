@@ -6,7 +6,6 @@ it when it writes a deadlock report.
 
 from __future__ import annotations
 
-import functools
 import threading
 import weakref
 
@@ -25,11 +24,11 @@ except ImportError:  # pragma: no cover - torch without distributed support
 #
 # A deadlock report built from the stack alone can only show the source line, ``dist.recv(t, src=1 - rank)``;
 # the student needs the values, "recv(src=1)" on rank 0 and "recv(src=0)" on rank 1, to see the cycle. So the
-# functions students call are wrapped: just before the call, the wrapper writes a short description into a small
-# file shared with the notebook (mmap), and clears it when the call returns. Writing costs a microsecond or two.
-# Names imported before the wrapping (``from torch.distributed import send`` in a module loaded earlier) call
-# the original function: the report then falls back to the stack. CommCounter works at the process-group level,
-# below these functions, so it sees every call either way.
+# board subscribes to the tap (``labsupport.tap``): just before the outermost call of the main thread goes out, it
+# writes a short description into a small file shared with the notebook (mmap), and clears it when the call
+# returns. Writing costs a microsecond or two. A call that bypasses the torch.distributed functions (a name
+# imported before the tap was installed, a process group's method, a functional collective) is described from
+# the level where the tap saw it.
 
 # name -> (peer argument and its position, described tensor argument and its position, position of ``op``)
 _CALLS = {
@@ -52,9 +51,8 @@ _CALLS = {
     "batch_isend_irecv": (None, None, None, None, None),  # described operation by operation
 }
 
-_board = None  # the _Board of this worker, once main() has started
-_MAIN_IDENT = 0  # only calls made by the main thread are posted (it is the thread a deadlock report shows)
-_inside = False  # the main thread is inside a posted call: the calls torch makes from there are not posted
+_board = None  # the Board of this worker, once main() has started; only the main thread's calls are posted (it
+# is the thread a deadlock report shows), and only the outermost one (not the calls torch makes from there)
 _PENDING: dict = {}  # id(Work) -> (weak reference to the Work, what it waits for), for Work.wait()
 _DTYPES: dict = {}
 
@@ -109,18 +107,6 @@ def _describe(name: str, args, kwargs) -> str:
     return text
 
 
-def _posted(what: str, fn, args, kwargs):
-    """Call ``fn`` with ``what`` on the board for the duration of the call."""
-    global _inside
-    _inside = True
-    _board.post(what)
-    try:
-        return fn(*args, **kwargs)
-    finally:
-        _inside = False
-        _board.clear()
-
-
 def _remember(work, what: str) -> None:
     """Keep what an asynchronous call was, for the ``wait()`` on its Work (forgotten with the Work)."""
     key = id(work)
@@ -131,63 +117,64 @@ def _remember(work, what: str) -> None:
     _PENDING[key] = (ref, what)
 
 
-def _wrap(name: str, fn):
-    @functools.wraps(fn)
-    def call(*args, **kwargs):
-        if _inside or _board is None or threading.get_ident() != _MAIN_IDENT:
-            return fn(*args, **kwargs)
+def _comm_text(call) -> str:
+    """A call made below the torch.distributed functions (a process group's or backend's method, a functional
+    collective): 'all_reduce of 4 float32 (functional)', 'send(dst=1) of 2 float32 (process group)'."""
+    kind = call.kind
+    text = kind
+    if kind in ("send", "recv"):
+        text += f"({'dst' if kind == 'send' else 'src'}={'any' if call.peer is None else call.peer})"
+    data = call.args[0] if call.level == "functional" or kind in ("send", "recv") else None
+    what = _tensor_text(data) if data is not None else ""
+    if what:
+        text += f" of {what}"
+    return text + {"functional": " (functional)", "pg": " (process group)", "backend": " (backend)"}[call.level]
+
+
+class _CallBoard:
+    """The tap's observer that keeps this worker's board up to date: the outermost call of the main thread."""
+
+    def __init__(self, board: _Board, main_ident: int):
+        self.board = board
+        self.main_ident = main_ident
+
+    def _watched(self, call) -> bool:
+        return call.outer is None and threading.get_ident() == self.main_ident
+
+    def enter(self, call) -> None:
+        if not self._watched(call):
+            return
         try:
-            what = _describe(name, args, kwargs)
+            if call.level == "api":
+                what = _describe(call.name, call.args, call.kwargs)
+            elif call.level == "wait":
+                entry = _PENDING.get(id(call.target))
+                what = f"wait() for {entry[1]}" if entry is not None and entry[0]() is call.target else "wait()"
+            else:
+                what = _comm_text(call)
         except Exception:  # describing must never break the call
-            what = name
-        result = _posted(what, fn, args, kwargs)
+            what = call.name
+        call.memo["board"] = what
+        self.board.post(what)
+
+    def exit(self, call) -> None:
+        what = call.memo.get("board") if call._memo else None
+        if what is None:
+            return
+        self.board.clear()
+        result = call.result
         if isinstance(result, _Work):  # async_op=True, isend, irecv
             _remember(result, what)
-        elif name == "batch_isend_irecv" and isinstance(result, list):
+        elif call.name == "batch_isend_irecv" and isinstance(result, list):
             for work in result:
                 if isinstance(work, _Work):
                     _remember(work, what)
-        return result
-
-    call._labsupport_board = True
-    return call
-
-
-def _wrap_wait(fn):
-    @functools.wraps(fn)
-    def wait(self, *args, **kwargs):
-        if _inside or _board is None or threading.get_ident() != _MAIN_IDENT:
-            return fn(self, *args, **kwargs)
-        entry = _PENDING.get(id(self))
-        what = f"wait() for {entry[1]}" if entry is not None and entry[0]() is self else "wait()"
-        return _posted(what, fn, (self, *args), kwargs)
-
-    wait._labsupport_board = True
-    return wait
 
 
 def install(board_file: str) -> None:
-    """Wrap the torch.distributed functions students call, in both modules that hold them.
-
-    ``distributed_c10d`` must get the same wrappers as ``torch.distributed``: ``P2POp`` checks that its ``op`` is
-    that module's ``isend`` or ``irecv``, and pickle finds functions there.
-    """
-    global _board, _MAIN_IDENT
-    from torch.distributed import distributed_c10d as c10d
+    """Install the tap (once per worker) and keep this worker's call board from it."""
+    global _board
+    from . import tap
 
     _board = _Board(board_file)
-    _MAIN_IDENT = threading.get_ident()
-    for name in _CALLS:
-        original = getattr(c10d, name, None)
-        if original is None or getattr(original, "_labsupport_board", False):
-            continue
-        wrapper = _wrap(name, original)
-        for module in (c10d, dist):
-            if getattr(module, name, None) is original:
-                setattr(module, name, wrapper)
-    wait = getattr(_Work, "wait", None)
-    if wait is not None and not getattr(wait, "_labsupport_board", False):
-        try:
-            _Work.wait = _wrap_wait(wait)
-        except (AttributeError, TypeError):  # pragma: no cover - a torch whose Work cannot be patched
-            pass
+    tap.subscribe(_CallBoard(_board, threading.get_ident()))

@@ -28,6 +28,7 @@ from ._board import new_board, read_board
 
 _STARTUP_TIMEOUT = 180.0
 _TMP_PREFIX = "labsupport-"
+_MAX_SOCKET_PATH = 104  # bytes of a Unix socket's path, on Linux (108) and macOS (104)
 
 
 def _cores() -> int:
@@ -86,6 +87,29 @@ def _remove_stale_dirs() -> None:
 def _make_tmpdir() -> str:
     _remove_stale_dirs()
     return tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-")
+
+
+def _mp_tempdir_inside(tmpdir: str) -> None:
+    """Make multiprocessing keep its temporary files (the fork server's listener socket) inside the pool's folder.
+
+    Left to itself, it makes a ``pymp-*`` folder in /tmp, which a kernel that is killed (or shut down by force)
+    never removes. Inside the pool's folder, ``shutdown`` removes it, and so does the next pool once this kernel is
+    gone. Files multiprocessing made before stay where they are. A folder whose path is too long for a Unix socket
+    (a long TMPDIR) is not used for this.
+    """
+    from multiprocessing import process
+
+    if len(os.fsencode(tmpdir)) + len("/listener-12345678") < _MAX_SOCKET_PATH:
+        process.current_process()._config["tempdir"] = tmpdir
+
+
+def _forget_mp_tempdir(tmpdir: str) -> None:
+    """After the pool's folder is gone: multiprocessing makes a new temporary folder when it next needs one."""
+    from multiprocessing import process
+
+    config = process.current_process()._config
+    if config.get("tempdir") == tmpdir:
+        config["tempdir"] = None
 
 
 def _mp_context():
@@ -185,10 +209,16 @@ class _Pool:
             self.store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=60), wait_for_workers=False)
         return self.store.port
 
+    def folder(self) -> str:
+        """The pool's temporary folder (stack dumps, call boards, multiprocessing's files), made when first needed."""
+        if self.tmpdir is None or not os.path.isdir(self.tmpdir):
+            self.tmpdir = _make_tmpdir()
+        _mp_tempdir_inside(self.tmpdir)
+        return self.tmpdir
+
     def ensure(self, n: int) -> list[_Worker]:
         """Return workers 0..n-1, starting the missing ones (in parallel)."""
-        if self.tmpdir is None:
-            self.tmpdir = _make_tmpdir()
+        self.folder()
         starting: list[_Worker] = []
         try:
             self._start(n, starting)
@@ -266,6 +296,7 @@ class _Pool:
         _stop_forkserver()
         if self.tmpdir:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
+            _forget_mp_tempdir(self.tmpdir)
             self.tmpdir = None
 
 
@@ -338,6 +369,7 @@ def _start_fork_server() -> None:
 
         with _POOL.lock, _NoMainImport():
             if _mp_context().get_start_method() == "forkserver":
+                _POOL.folder()  # the server's listener socket goes there
                 forkserver.ensure_running()
     except Exception:  # an early start is only a head start: run() starts the server itself if this failed
         pass

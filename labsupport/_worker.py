@@ -38,6 +38,7 @@ try:  # cloudpickle rebuilds functions and classes defined in a notebook
 except ImportError:  # pragma: no cover - cloudpickle is a dependency
     cloudpickle = pickle
 
+from . import tap as _tap
 from ._callboard import install as _install_call_board
 
 # Set per task; read by labsupport.device() and labsupport.in_worker().
@@ -275,6 +276,7 @@ def main(conn, stack_file: str, board_file: str | None = None) -> None:
     # On request (SIGUSR1), write every thread's Python stack: works even while blocked inside gloo.
     stack_fh = open(stack_file, "a")  # append: the notebook truncates it before each dump
     faulthandler.register(signal.SIGUSR1, file=stack_fh, all_threads=True, chain=False)
+    _tap.install()  # once per worker: every observer (call board, CommCounter, Timeline) subscribes to it
     if board_file:
         _install_call_board(board_file)
     out = _RankStream(conn, "stdout", sys.__stdout__)

@@ -1,51 +1,20 @@
 """Count the communication a rank makes: ``CommCounter``.
 
-Every ``torch.distributed`` call, whichever way it was written (``dist.send``, ``dist.isend``,
-``dist.batch_isend_irecv``, any collective, sync or ``async_op=True``, or a name imported with
-``from torch.distributed import send``), ends in a method of the process group object. The counter wraps those
-methods while it is active, so nothing slips past it.
+The counter subscribes to ``labsupport.tap`` while it is active and records every outermost communication call:
+each ``torch.distributed`` call, whichever way it was written (``dist.send``, ``dist.isend``,
+``dist.batch_isend_irecv``, any collective, sync or ``async_op=True``, a name imported with
+``from torch.distributed import send``), ends in a method of the process group object; calls made on a backend
+object directly, and the functional collectives that DTensor and ``parallelize_module`` use
+(``torch.distributed._functional_collectives``), are seen too, as the collective they are.
 """
 
 from __future__ import annotations
 
-import threading
 from dataclasses import asdict, dataclass, field
 
+from .tap import PG_KINDS as _KINDS, POINT_TO_POINT, nbytes_of as _nbytes  # noqa: F401  (torch-free names)
+
 __all__ = ["CommCounter", "CommCall", "POINT_TO_POINT"]
-
-# process-group method -> the torch.distributed name a student knows
-_KINDS = {
-    "send": "send",
-    "recv": "recv",
-    "recv_anysource": "recv",
-    "allreduce": "all_reduce",
-    "allreduce_coalesced": "all_reduce",
-    "broadcast": "broadcast",
-    "reduce": "reduce",
-    "allgather": "all_gather",
-    "_allgather_base": "all_gather_into_tensor",
-    "all_gather_single": "all_gather_into_tensor",
-    "allgather_coalesced": "all_gather",
-    "allgather_into_tensor_coalesced": "all_gather_into_tensor",
-    "gather": "gather",
-    "scatter": "scatter",
-    "reduce_scatter": "reduce_scatter",
-    "_reduce_scatter_base": "reduce_scatter_tensor",
-    "reduce_scatter_single": "reduce_scatter_tensor",
-    "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor",
-    "alltoall": "all_to_all",
-    "alltoall_base": "all_to_all_single",
-    "all_to_all_single": "all_to_all_single",
-    "barrier": "barrier",
-    "monitored_barrier": "barrier",
-}
-
-#: The kinds a from-scratch collective may use.
-POINT_TO_POINT = frozenset({"send", "recv"})
-
-# Methods whose first argument is the rank's data; every other one is called as (output, input, ...).
-_DATA_FIRST = frozenset({"send", "recv", "recv_anysource", "allreduce", "allreduce_coalesced", "broadcast", "reduce",
-                         "barrier", "monitored_barrier"})
 
 
 @dataclass
@@ -73,16 +42,6 @@ class CommCall:
     peer: int | None
     group: tuple
     nbytes: int
-
-
-def _nbytes(obj) -> int:
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, (list, tuple)):
-        return sum(_nbytes(x) for x in obj)
-    return 0
 
 
 @dataclass
@@ -152,10 +111,6 @@ class CommCounter:
     Counters nest: an inner counter and every enclosing one all see the calls made inside the inner one.
     """
 
-    _active: list = []
-    _lock = threading.Lock()
-    _originals: dict = {}
-
     def __init__(self):
         import torch.distributed as dist
 
@@ -169,17 +124,25 @@ class CommCounter:
         return getattr(self.summary, name)
 
     def __enter__(self) -> "CommCounter":
-        with CommCounter._lock:
-            if not CommCounter._active:
-                _install()
-            CommCounter._active.append(self)
+        from . import tap
+
+        tap.subscribe(self)
         return self
 
     def __exit__(self, *exc) -> None:
-        with CommCounter._lock:
-            CommCounter._active.remove(self)
-            if not CommCounter._active:
-                _uninstall()
+        from . import tap
+
+        tap.unsubscribe(self)
+
+    # the tap's observer interface
+    def enter(self, call) -> None:
+        """Record the outermost communication call, before it goes out: a check may inspect it and stop a call
+        that would block (by raising from the list's ``append``)."""
+        if call.is_comm and not call.in_comm:
+            self.summary.calls.append(_comm_call(call))
+
+    def exit(self, call) -> None:
+        pass
 
     def __repr__(self) -> str:
         s = self.summary
@@ -189,74 +152,9 @@ class CommCounter:
         )
 
 
-_state = threading.local()
-
-
-def _group_ranks(pg) -> tuple:
-    import torch.distributed as dist
-
-    try:
-        return tuple(dist.get_process_group_ranks(pg))
-    except Exception:
-        try:
-            return tuple(range(pg.size()))
-        except Exception:
-            return ()
-
-
-def _data_argument(method: str, args: tuple, kwargs: dict):
-    """The tensor(s) that are this rank's data in a process-group call (see ``CommCall.nbytes``)."""
-    if method in _DATA_FIRST:
-        return args[0] if args else kwargs.get("tensors")
-    if len(args) >= 2:
-        return args[1]
-    return next((v for k, v in kwargs.items() if k.startswith("input")), None)
-
-
-def _make_wrapper(method: str, original):
-    kind = _KINDS[method]
-
-    def wrapper(pg, *args, **kwargs):
-        # nested process-group calls (a collective built from others) count once, as the outer call
-        if getattr(_state, "depth", 0) == 0 and CommCounter._active:
-            tensors = _data_argument(method, args, kwargs)
-            peer = None
-            if kind in POINT_TO_POINT and method != "recv_anysource" and len(args) >= 2:
-                import torch.distributed as dist
-
-                try:
-                    peer = dist.get_global_rank(pg, int(args[1]))
-                except Exception:
-                    peer = int(args[1])
-            call = CommCall(kind=kind, peer=peer, group=_group_ranks(pg), nbytes=_nbytes(tensors))
-            # recorded before the call goes out: a check may inspect it and stop a call that would block
-            for counter in list(CommCounter._active):
-                counter.summary.calls.append(call)
-        _state.depth = getattr(_state, "depth", 0) + 1
-        try:
-            return original(pg, *args, **kwargs)
-        finally:
-            _state.depth -= 1
-
-    wrapper.__name__ = method
-    wrapper.__wrapped__ = original
-    return wrapper
-
-
-def _install() -> None:
-    from torch._C._distributed_c10d import ProcessGroup
-
-    for method in _KINDS:
-        original = ProcessGroup.__dict__.get(method)
-        if original is None:
-            continue
-        CommCounter._originals[method] = original
-        setattr(ProcessGroup, method, _make_wrapper(method, original))
-
-
-def _uninstall() -> None:
-    from torch._C._distributed_c10d import ProcessGroup
-
-    for method, original in CommCounter._originals.items():
-        setattr(ProcessGroup, method, original)
-    CommCounter._originals.clear()
+def _comm_call(call) -> CommCall:
+    """The CommCall of a tap call, made once and shared by every counter that records it (counters nest)."""
+    made = call.memo.get("CommCall")
+    if made is None:
+        made = call.memo["CommCall"] = CommCall(kind=call.kind, peer=call.peer, group=call.group, nbytes=call.nbytes)
+    return made

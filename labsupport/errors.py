@@ -6,6 +6,7 @@ source of its own cells (which only it has, in ``linecache``) and names them ``C
 
 from __future__ import annotations
 
+import builtins
 import linecache
 import os
 import re
@@ -14,7 +15,45 @@ import signal
 __all__ = ["WorkerError", "WorkerTimeout"]
 
 
-class WorkerError(RuntimeError):
+def _call_site(tb) -> str:
+    """Where the student called ``labsupport.run``: the innermost frame of the traceback that is theirs (not the
+    launcher's, not IPython's), as "Cell In[5], line 3: labsupport.run(work)"; "" for a ``%%distributed`` cell."""
+    site = ""
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        filename = code.co_filename
+        if not _is_internal(filename) and f"{os.sep}IPython{os.sep}" not in filename:
+            line = linecache.getline(filename, tb.tb_lineno).strip()
+            site = "" if "run_cell_magic(" in line else f"{_display_name(filename)}, line {tb.tb_lineno}: {line}"
+        tb = tb.tb_next
+    return site
+
+
+class _Rendered:
+    """How IPython shows the error in a notebook (``_render_traceback_``): the message first, which starts with the
+    rank and its exception and holds the rank's traceback down to the student's own line; then where the student
+    called ``run``. The launcher's frames, which nobody can act on, are left out."""
+
+    def _render_traceback_(self) -> list[str]:
+        lines = f"{type(self).__name__}: {self}".splitlines()
+        site = _call_site(self.__traceback__)
+        if site:
+            lines += ["", f"(labsupport.run was called at {site})"]
+        return lines
+
+
+class KeyboardInterrupt(builtins.KeyboardInterrupt):  # noqa: A001 - the name a student expects to see
+    """Ctrl-C (or the notebook's interrupt) during ``labsupport.run``: every rank of the call was stopped.
+
+    A ``KeyboardInterrupt`` like any other, shown in a notebook as its one line ("interrupted: all 4 ranks
+    stopped") rather than a traceback through multiprocessing.
+    """
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"KeyboardInterrupt: {self}"]
+
+
+class WorkerError(_Rendered, RuntimeError):
     """One or more ranks failed: raised an exception, or died.
 
     Attributes:
@@ -25,6 +64,7 @@ class WorkerError(RuntimeError):
         worker_traceback: its traceback as text, with source lines from the notebook.
         exitcode: the exit code of a rank that died (negative: killed by that signal), else ``None``.
         failures: a dict per failed rank with the same fields.
+        exception: the exception ``rank`` raised, rebuilt in the notebook (``None`` when it could not be).
 
     Example::
 
@@ -45,6 +85,7 @@ class WorkerError(RuntimeError):
         self.exc_message = first.get("message")
         self.worker_traceback = first.get("traceback", "")
         self.exitcode = first.get("exitcode")
+        self.exception = None
 
     def __reduce__(self):
         # the default rebuilds an exception from its message alone, and this one needs its failures too: without
@@ -52,7 +93,7 @@ class WorkerError(RuntimeError):
         return type(self), (str(self), self.failures)
 
 
-class WorkerTimeout(TimeoutError):
+class WorkerTimeout(_Rendered, TimeoutError):
     """Ranks were still running after ``timeout`` seconds, usually a deadlock.
 
     Attributes:
@@ -93,12 +134,18 @@ def _display_name(filename: str) -> str:
     return filename
 
 
+#: The launcher's own modules: their frames are never shown to a student.
+_CORE_FILES = frozenset(
+    f"{name}.py"
+    for name in ("_worker", "_callboard", "_board", "_pool", "_output", "_call", "_env", "launch", "magics", "tap",
+                 "comm", "timeline", "errors")
+)
+
+
 def _is_internal(filename: str) -> bool:
     here = os.path.dirname(os.path.abspath(__file__))
-    return (
-        f"{os.sep}multiprocessing{os.sep}" in filename
-        or filename in [os.path.join(here, name)
-                        for name in ("_worker.py", "_callboard.py", "launch.py", "_pool.py", "magics.py")]
+    return f"{os.sep}multiprocessing{os.sep}" in filename or (
+        os.path.dirname(filename) == here and os.path.basename(filename) in _CORE_FILES
     )
 
 

@@ -36,6 +36,7 @@ except ImportError:  # pragma: no cover
 
 from ._output import MAX_LINES_PER_RANK, MAX_PARTIAL_LINE, RankOutput
 from ._pool import _POOL, _cores, _loopback_ifname, _Pool, _Worker, shutdown
+from .errors import KeyboardInterrupt as Interrupted
 from .errors import (
     WorkerError,
     WorkerTimeout,
@@ -294,6 +295,7 @@ def run(fn, *args, world_size: int = 4, backend: str = "auto", timeout: float = 
 
         labsupport.run(work, world_size=4)   # [6.0, 6.0, 6.0, 6.0]
     """
+    __tracebackhide__ = True  # IPython shows the student's cell, not the launcher's frames
     import torch.distributed as dist
 
     _check_args(fn, world_size, timeout)
@@ -311,7 +313,18 @@ def run(fn, *args, world_size: int = 4, backend: str = "auto", timeout: float = 
             "generators are not."
         ) from exc
     with _POOL.lock:
-        return _Call(_POOL, world_size, backend, timeout).run(payload)
+        call = _Call(_POOL, world_size, backend, timeout)
+        try:
+            return call.run(payload)
+        except KeyboardInterrupt:
+            # one line instead of a traceback through multiprocessing and selectors
+            raise Interrupted(_interrupted_message(world_size, call.stopped)) from None
+
+
+def _interrupted_message(world_size: int, stopped: bool) -> str:
+    if stopped:
+        return f"interrupted: all {world_size} ranks stopped" if world_size > 1 else "interrupted: the rank was stopped"
+    return "interrupted after the ranks had finished"
 
 
 class _Call:
@@ -325,6 +338,7 @@ class _Call:
         self.results: dict[int, object] = {}
         self.failures: dict[int, dict] = {}
         self.output = RankOutput(world_size)
+        self.stopped = False  # this call's workers were killed (a failure, a time-out, an interrupt)
 
     # output ---------------------------------------------------------------------------------------------------
     def _emit(self, rank: int, stream: str, text: str) -> None:
@@ -391,6 +405,7 @@ class _Call:
         }
 
     def run(self, payload: bytes):
+        __tracebackhide__ = True
         pool = self.pool
         workers = pool.ensure(self.n)
         pool.calls += 1
@@ -410,6 +425,7 @@ class _Call:
             # every worker has its "finish", so an interrupt from here on leaves nothing behind.
             if not done:
                 self._kill(workers)
+                self.stopped = True
             self._flush_output()
         return [self.results[r] for r in range(self.n)]
 
@@ -430,6 +446,7 @@ class _Call:
             raise
 
     def _wait(self, workers) -> None:
+        __tracebackhide__ = True
         start = time.monotonic()
         deadline = start + self.timeout
         first_failure = None
@@ -470,6 +487,7 @@ class _Call:
             self._raise_failures()
 
     def _raise_failures(self):
+        __tracebackhide__ = True
         # A rank that dies makes its peers' gloo calls fail with connection errors: those are consequences.
         failures = sorted(self.failures.values(), key=lambda f: (_is_consequence(f), f["rank"]))
         first = failures[0]
@@ -492,13 +510,13 @@ class _Call:
         if others:
             parts.append(f"\nRanks {others} were stopped.")
         err = WorkerError("\n".join(parts), failures)
-        cause = None
         if first.get("exception"):
             try:
-                cause = pickle.loads(first["exception"])
+                err.exception = pickle.loads(first["exception"])
             except Exception:
-                cause = None
-        raise err from cause
+                pass
+        # no chained header: the rank's exception has no traceback here, its text and frames are in the message
+        raise err from None
 
     def _dump_stacks(self, running) -> dict[int, str]:
         """Every running rank's stacks: SIGUSR1 makes faulthandler write them to the rank's stack file.
@@ -532,6 +550,7 @@ class _Call:
         return texts
 
     def _timeout(self, running, workers) -> None:
+        __tracebackhide__ = True
         calls = {w.index: w.current_call() for w in running}
         texts = self._dump_stacks(running)
         stacks: dict[int, str] = {}
@@ -567,4 +586,5 @@ class _Call:
             "same collectives in the same order. All ranks were stopped; the next call starts fresh workers."
         )
         self._kill(workers)
-        raise WorkerTimeout("\n".join(lines), ranks, stacks, self.timeout)
+        self.stopped = True
+        raise WorkerTimeout("\n".join(lines), ranks, stacks, self.timeout) from None

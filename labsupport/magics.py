@@ -127,6 +127,7 @@ def _cell_filename(cell: str, ipython=None) -> tuple[str, str]:
 
 
 def distributed(line: str, cell: str, user_ns: dict | None = None, ipython=None) -> None:
+    __tracebackhide__ = True
     from .launch import run
 
     args = _parser().parse_args(shlex.split(line))
@@ -138,6 +139,7 @@ def distributed(line: str, cell: str, user_ns: dict | None = None, ipython=None)
 
 def register(ipython) -> None:
     def magic(line, cell):
+        __tracebackhide__ = True
         try:
             return distributed(line, cell, ipython.user_ns, ipython)
         except _ArgumentError as exc:

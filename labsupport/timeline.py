@@ -165,17 +165,14 @@ class Timeline:
                 model.finish_gradient_synchronization()
             print(Timeline.hidden_fraction(tl.events))
         """
-        _install_collective_recorder()
-        entry = (self, None if kinds is None else frozenset(kinds))
-        with _RECORDERS_LOCK:
-            _RECORDERS.append(entry)
+        from . import tap
+
+        recorder = _CollectiveRecorder(self, kinds)
+        tap.subscribe(recorder)
         try:
             yield self
         finally:
-            with _RECORDERS_LOCK:
-                _RECORDERS.remove(entry)
-                if not _RECORDERS:
-                    _uninstall_collective_recorder()
+            tap.unsubscribe(recorder)
             self.finish()
 
     @staticmethod
@@ -229,76 +226,29 @@ def _union(spans):
 
 
 # ---- recording collectives issued by anyone (Timeline.collectives) ------------------------------------------------
-# The same idea as CommCounter: every torch.distributed collective ends in a method of the process-group object,
-# which returns a Work. While a recorder is active, those methods are wrapped to hand each Work to the recorders.
-# Wrappers are only removed if they are still the installed ones, and pass calls straight through once no recorder
-# is active, so they compose with CommCounter whichever is entered or left first.
-
-_RECORDERS: list = []
-_RECORDERS_LOCK = threading.RLock()
-_SAVED: dict = {}
-_rec_state = threading.local()
+# A subscriber of labsupport.tap: every outermost collective on a process group (or backend) returns a Work, which
+# is handed to Timeline.track. Subscribers come and go independently, so this composes with CommCounter whichever
+# is entered or left first.
 
 
-def _kind_of(method: str):
-    from .comm import _KINDS
+class _CollectiveRecorder:
+    def __init__(self, timeline: Timeline, kinds):
+        self.timeline = timeline
+        self.kinds = None if kinds is None else frozenset(kinds)
 
-    return _KINDS.get(method)
+    def enter(self, call) -> None:
+        pass
 
+    def exit(self, call) -> None:
+        from .tap import POINT_TO_POINT, nbytes_of
 
-def _wrap_collective(method: str, original):
-    kind = _kind_of(method)
-
-    def wrapper(pg, *args, **kwargs):
-        if getattr(_rec_state, "depth", 0) or not _RECORDERS:
-            return original(pg, *args, **kwargs)
-        from .comm import _nbytes
-
-        tensors = args[0] if args else kwargs.get("tensors")
-        name = f"{kind} {_nbytes(tensors)} B"
-        _rec_state.depth = getattr(_rec_state, "depth", 0) + 1
-        try:
-            work = original(pg, *args, **kwargs)
-        finally:
-            _rec_state.depth -= 1
-        for tl, kinds in list(_RECORDERS):
-            if kinds is None or kind in kinds:
-                try:
-                    tl.track(work, name)
-                except Exception:  # recording must never break the call
-                    pass
-        return work
-
-    wrapper.__name__ = method
-    wrapper.__wrapped__ = original
-    wrapper._timeline_recorder = True
-    return wrapper
-
-
-def _install_collective_recorder() -> None:
-    from torch._C._distributed_c10d import ProcessGroup
-
-    from .comm import POINT_TO_POINT, _KINDS
-
-    with _RECORDERS_LOCK:
-        if _SAVED:
+        if call.level not in ("pg", "backend") or call.in_comm or call.result is None:
             return
-        for method, kind in _KINDS.items():
-            if kind in POINT_TO_POINT or kind == "barrier":
-                continue
-            current = ProcessGroup.__dict__.get(method)
-            if current is None:
-                continue
-            _SAVED[method] = current
-            setattr(ProcessGroup, method, _wrap_collective(method, current))
-
-
-def _uninstall_collective_recorder() -> None:
-    from torch._C._distributed_c10d import ProcessGroup
-
-    with _RECORDERS_LOCK:
-        for method, original in _SAVED.items():
-            current = ProcessGroup.__dict__.get(method)
-            if getattr(current, "_timeline_recorder", False) and current.__wrapped__ is original:
-                setattr(ProcessGroup, method, original)
-        _SAVED.clear()
+        kind = call.kind
+        if kind in POINT_TO_POINT or kind == "barrier" or (self.kinds is not None and kind not in self.kinds):
+            return
+        tensors = call.args[0] if call.args else call.kwargs.get("tensors")
+        try:
+            self.timeline.track(call.result, f"{kind} {nbytes_of(tensors)} B")
+        except Exception:  # recording must never break the call
+            pass

@@ -265,6 +265,48 @@ def test_run_and_magic_from_a_real_jupyter_kernel(tmp_path):
     assert "distributed cell" not in timeout + failed
 
 
+def _plain(traceback_lines) -> list:
+    """The lines a notebook shows for an error, without colours."""
+    import re
+
+    return re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(traceback_lines)).splitlines()
+
+
+FIRST_LINES_CELLS = [
+    "import torch, torch.distributed as dist, labsupport\n%load_ext labsupport",
+    "def bad():\n    if dist.get_rank() == 1:\n        x = 1 / 0\n    dist.barrier()\nlabsupport.run(bad, world_size=2)",
+    "%%distributed -n 2 --timeout 2\nt = torch.zeros(1)\ndist.recv(t, src=1 - rank)",
+    "%%distributed -n 2\nif rank == 1:\n    raise ValueError('failed in a cell')",
+]
+
+
+def test_errors_in_a_notebook_start_at_what_the_student_can_act_on(tmp_path):
+    """No chained header, no launcher frame: the rank, its exception, the student's own line come first."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in FIRST_LINES_CELLS]
+    NotebookClient(nb, timeout=120, allow_errors=True, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    errors = [[o for o in cell.outputs if o["output_type"] == "error"] for cell in nb.cells[1:]]
+    assert [len(e) for e in errors] == [1, 1, 1]
+    failed, deadlock, in_cell = (_plain(e[0]["traceback"]) for e in errors)
+    assert failed[:5] == [
+        "WorkerError: rank 1 raised ZeroDivisionError: division by zero",
+        "",
+        "Traceback on rank 1 (most recent call last):",
+        '  File "Cell In[2]", line 3, in bad',
+        "    x = 1 / 0",
+    ], failed
+    assert failed[-1] == "(labsupport.run was called at Cell In[2], line 5: labsupport.run(bad, world_size=2))"
+    assert deadlock[0].startswith("WorkerTimeout: 2 of 2 ranks were still running after 2 s")
+    assert deadlock[1] == "  rank 0: blocked in recv(src=1) of 1 float32 at Cell In[3], line 3: dist.recv(t, src=1 - rank)"
+    assert in_cell[:5] == ["WorkerError: rank 1 raised ValueError: failed in a cell", "",
+                           "Traceback on rank 1 (most recent call last):", '  File "Cell In[4]", line 3, in <module>',
+                           "    raise ValueError('failed in a cell')"], in_cell
+    for shown in (failed, deadlock, in_cell):
+        text = "\n".join(shown)
+        assert "labsupport/" not in text and "direct cause" not in text and "During handling" not in text
+
+
 def test_kernel_interrupt_during_a_run(tmp_path):
     km = KernelManager(kernel_name="python3")
     km.start_kernel(cwd=str(tmp_path))
@@ -292,6 +334,10 @@ def test_kernel_interrupt_during_a_run(tmp_path):
                 break
         replied = time.time()
         assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+        # one line saying what happened, not a traceback through multiprocessing and selectors
+        assert reply["content"]["evalue"] == "interrupted: all 2 ranks stopped"
+        shown = _plain(reply["content"]["traceback"])
+        assert shown == ["KeyboardInterrupt: interrupted: all 2 ranks stopped"], shown
         printed = []
         kc.execute_interactive(
             "print('RETURNED', returned)",
@@ -375,3 +421,60 @@ def test_fork_server_starts_early_in_a_notebook_kernel_only(tmp_path, case):
         assert not _wait_gone([int(server)], timeout=10), "the fork server outlived the kernel"
     else:
         assert server == "None", proc.stdout
+
+
+def _kernel(tmp_path, env):
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(cwd=str(tmp_path), env=env)
+    kc = km.client()
+    kc.start_channels()
+    kc.wait_for_ready(timeout=60)
+    return km, kc
+
+
+def _run_in(kc, code: str) -> str:
+    printed = []
+    reply = kc.execute_interactive(code, timeout=120, output_hook=lambda msg: printed.append(msg["content"].get("text", "")))
+    assert reply["content"]["status"] == "ok", reply["content"]
+    return "".join(printed)
+
+
+def test_nothing_left_in_tmp_after_a_killed_kernel_or_a_shutdown(tmp_path):
+    """multiprocessing's files (the fork server's listener) live in the pool's folder: a SIGKILLed kernel's folder
+    is removed by the next kernel that starts a pool, and a kernel shut down normally leaves nothing."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    # this test's own /tmp (short: the fork server's socket lives there), so that other processes' files cannot
+    # disturb the count
+    tmp = Path(tempfile.mkdtemp(prefix="ls-"))
+    env = {k: v for k, v in os.environ.items() if k != "LABSUPPORT_EARLY_START"}
+    env["TMPDIR"] = str(tmp)
+    use = "import os, labsupport\nassert labsupport.run(lambda: 1, world_size=2) == [1, 1]\nprint('PID', os.getpid())"
+    before = sorted(os.listdir(tmp))
+    km, kc = _kernel(tmp_path, env)
+    try:
+        pid = int(_run_in(kc, use).split("PID")[1])
+        during = sorted(os.listdir(tmp))
+        assert [name for name in during if name.startswith("pymp-")] == []
+        assert during == [n for n in during if n.startswith(f"labsupport-{pid}-")] and len(during) == 1, during
+        os.kill(pid, signal.SIGKILL)
+        assert _wait_gone([pid], timeout=10) == []
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    assert sorted(os.listdir(tmp)) == during  # nobody could clean up...
+    km, kc = _kernel(tmp_path, env)
+    try:
+        pid2 = int(_run_in(kc, use).split("PID")[1])
+        after = sorted(os.listdir(tmp))
+        assert len(after) == 1 and after[0].startswith(f"labsupport-{pid2}-"), after  # ...until the next kernel did
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=False)  # a normal shutdown, as when the notebook is closed
+    deadline = time.monotonic() + 10
+    while sorted(os.listdir(tmp)) != before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert sorted(os.listdir(tmp)) == before
+    shutil.rmtree(tmp)

@@ -1,0 +1,447 @@
+"""One tap on ``torch.distributed``: every communication call a rank makes, for whoever subscribes.
+
+The observers are the call board (deadlock reports), ``CommCounter``, ``Timeline.collectives`` and any later one
+(a memory recorder). Each subscribes an object with ``enter(call)`` and ``exit(call)``; the tap calls them around
+every intercepted call, in the calling thread. ``enter`` runs before the call goes out, so an observer may stop a
+call by raising (a check refusing a collective); an exception in ``exit`` is the observer's own business.
+
+What is intercepted, at five levels (``Call.level``):
+
+* ``"api"``: the ``torch.distributed`` functions students call (``dist.send``, ``dist.all_reduce``, ...), in both
+  modules that hold them, with their own argument names (``src=1``): what a deadlock report should name.
+* ``"wait"``: ``Work.wait()``, for the asynchronous forms (``isend``, ``async_op=True``, ``batch_isend_irecv``).
+* ``"pg"``: the methods of the ``ProcessGroup`` object, where every ``dist.*`` call ends (object collectives,
+  names imported before the tap, ``dist.group.WORLD.allreduce(...)``).
+* ``"backend"``: the same methods on the backend objects below it (``pg._get_backend(device).allreduce(...)``).
+* ``"functional"``: the functional collectives (``torch.distributed._functional_collectives``, the
+  ``_c10d_functional`` ops that DTensor, ``parallelize_module`` and compiled code use), wrapped where every Python
+  caller goes through: the function pointer (``_op``) of each op packet and of its overloads. The op objects
+  themselves stay the same, so ``CommDebugMode`` and dispatch modes still recognise them.
+
+Calls nest (``dist.all_reduce`` -> ``ProcessGroup.allreduce`` -> ``Work.wait``): ``Call.outer`` is the call that
+encloses this one on the same thread, ``Call.in_comm`` says whether a communication-level call (pg, backend,
+functional) encloses it. A counter records the outermost communication call (``is_comm and not in_comm``); the
+call board posts the outermost call of all. ``Call.kind``, ``peer``, ``group`` and ``nbytes`` describe a
+communication call as ``CommCounter`` reports it (computed on first use).
+
+Installed once per worker (and by the first subscriber in any other process); with nobody subscribed a wrapped
+call costs one extra Python call. Not seen: calls made by C++ code that bypasses Python (DistributedDataParallel's
+reducer, the backward of the functional collectives' autograd ops), and compiled graphs.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+__all__ = ["Call", "subscribe", "unsubscribe", "observers", "install", "POINT_TO_POINT"]
+
+#: The kinds a from-scratch collective may use.
+POINT_TO_POINT = frozenset({"send", "recv"})
+
+#: process-group (and backend) method -> the torch.distributed name a student knows
+PG_KINDS = {
+    "send": "send",
+    "recv": "recv",
+    "recv_anysource": "recv",
+    "allreduce": "all_reduce",
+    "allreduce_coalesced": "all_reduce",
+    "broadcast": "broadcast",
+    "reduce": "reduce",
+    "allgather": "all_gather",
+    "_allgather_base": "all_gather_into_tensor",
+    "all_gather_single": "all_gather_into_tensor",
+    "allgather_coalesced": "all_gather",
+    "allgather_into_tensor_coalesced": "all_gather_into_tensor",
+    "gather": "gather",
+    "scatter": "scatter",
+    "reduce_scatter": "reduce_scatter",
+    "_reduce_scatter_base": "reduce_scatter_tensor",
+    "reduce_scatter_single": "reduce_scatter_tensor",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor",
+    "alltoall": "all_to_all",
+    "alltoall_base": "all_to_all_single",
+    "all_to_all_single": "all_to_all_single",
+    "barrier": "barrier",
+    "monitored_barrier": "barrier",
+}
+
+# Methods whose first argument is the rank's data; every other one is called as (output, input, ...).
+_DATA_FIRST = frozenset({"send", "recv", "recv_anysource", "allreduce", "allreduce_coalesced", "broadcast", "reduce",
+                         "barrier", "monitored_barrier"})
+
+#: The torch.distributed functions wrapped at the "api" level.
+API_CALLS = ("send", "recv", "isend", "irecv", "broadcast", "reduce", "gather", "scatter", "all_reduce", "all_gather",
+             "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
+             "barrier", "batch_isend_irecv")
+
+#: functional op (in torch.ops._c10d_functional and _c10d_functional_autograd) -> kind. Their first argument is the
+#: rank's data, their last the group's name; isend/irecv take the global peer second.
+FUNCTIONAL_KINDS = {
+    "all_reduce": "all_reduce",
+    "all_reduce_": "all_reduce",
+    "all_reduce_coalesced": "all_reduce",
+    "all_reduce_coalesced_": "all_reduce",
+    "all_gather_into_tensor": "all_gather_into_tensor",
+    "all_gather_into_tensor_out": "all_gather_into_tensor",
+    "all_gather_into_tensor_coalesced": "all_gather_into_tensor",
+    "reduce_scatter_tensor": "reduce_scatter_tensor",
+    "reduce_scatter_tensor_out": "reduce_scatter_tensor",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor",
+    "all_to_all_single": "all_to_all_single",
+    "broadcast": "broadcast",
+    "broadcast_": "broadcast",
+    "isend": "send",
+    "irecv": "recv",
+}
+_FUNCTIONAL_NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd")
+
+COMM_LEVELS = frozenset({"pg", "backend", "functional"})
+
+_OBSERVERS: tuple = ()
+_LOCK = threading.RLock()
+_local = threading.local()
+_installed = False
+
+
+class Call:
+    """One intercepted call. ``args``/``kwargs`` are as the caller passed them (without the ``self`` of a method);
+    ``target`` is the process group or backend of a method call; ``result`` is set before ``exit`` (``None`` if
+    the call raised)."""
+
+    __slots__ = ("level", "name", "args", "kwargs", "target", "outer", "in_comm", "result", "_record", "_memo")
+
+    def __init__(self, level, name, args, kwargs, target, outer):
+        self.level = level
+        self.name = name
+        self.args = args
+        self.kwargs = kwargs
+        self.target = target
+        self.outer = outer
+        self.in_comm = outer is not None and (outer.level in COMM_LEVELS or outer.in_comm)
+        self.result = None
+        self._record = None
+        self._memo = None
+
+    @property
+    def memo(self) -> dict:
+        """A dict where observers keep what they derived from this call, for the other observers."""
+        if self._memo is None:
+            self._memo = {}
+        return self._memo
+
+    @property
+    def is_comm(self) -> bool:
+        return self.level in COMM_LEVELS
+
+    def _described(self):
+        if self._record is None:
+            self._record = _describe(self)
+        return self._record
+
+    @property
+    def kind(self) -> str | None:
+        """The torch.distributed name of what this call does (``"send"``, ``"all_reduce"``, ...)."""
+        return self._described()[0]
+
+    @property
+    def peer(self) -> int | None:
+        """The global rank at the other end of a send or recv (None for collectives and any-source receives)."""
+        return self._described()[1]
+
+    @property
+    def group(self) -> tuple:
+        """The global ranks of the group the call runs in."""
+        return self._described()[2]
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of this rank's data in the call (see ``labsupport.CommCall``)."""
+        return self._described()[3]
+
+    def __repr__(self) -> str:
+        return f"<tap.Call {self.level}:{self.name}>"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# subscribing
+
+
+def subscribe(observer) -> None:
+    """Start calling ``observer.enter(call)`` and ``observer.exit(call)`` around every intercepted call."""
+    global _OBSERVERS
+    install()
+    with _LOCK:
+        _OBSERVERS = _OBSERVERS + (observer,)
+
+
+def unsubscribe(observer) -> None:
+    """Stop notifying ``observer`` (calls already entered still get their ``exit``)."""
+    global _OBSERVERS
+    with _LOCK:
+        rest = list(_OBSERVERS)
+        if observer in rest:
+            rest.remove(observer)
+        _OBSERVERS = tuple(rest)
+
+
+def observers() -> tuple:
+    return _OBSERVERS
+
+
+def current() -> Call | None:
+    """The innermost intercepted call this thread is inside, if any."""
+    stack = getattr(_local, "stack", None)
+    return stack[-1] if stack else None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the wrappers
+
+
+def _intercept(level: str, name: str, fn, args, kwargs, target=None):
+    stack = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    watching = _OBSERVERS
+    call = Call(level, name, args if target is None else args[1:], kwargs, target, stack[-1] if stack else None)
+    entered = []
+    try:
+        for obs in watching:
+            obs.enter(call)
+            entered.append(obs)
+    except BaseException:  # an observer stopped the call before it went out
+        _notify_exit(entered, call)
+        raise
+    stack.append(call)
+    try:
+        call.result = fn(*args, **kwargs)
+        return call.result
+    finally:
+        stack.pop()
+        _notify_exit(entered, call)
+
+
+def _notify_exit(entered, call) -> None:
+    for obs in entered:
+        try:
+            obs.exit(call)
+        except Exception:
+            pass
+
+
+def _wrap_function(level: str, name: str, fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if not _OBSERVERS:
+            return fn(*args, **kwargs)
+        return _intercept(level, name, fn, args, kwargs)
+
+    wrapper._labsupport_tap = level
+    return wrapper
+
+
+def _wrap_method(level: str, name: str, fn):
+    def wrapper(self, *args, **kwargs):
+        if not _OBSERVERS:
+            return fn(self, *args, **kwargs)
+        return _intercept(level, name, fn, (self, *args), kwargs, target=self)
+
+    wrapper.__name__ = name
+    wrapper.__qualname__ = getattr(fn, "__qualname__", name)
+    wrapper.__doc__ = getattr(fn, "__doc__", None)
+    wrapper.__wrapped__ = fn
+    wrapper._labsupport_tap = level
+    return wrapper
+
+
+def _wrap_op(name: str, fn):
+    """A functional op's ``_op`` (a C++ builtin), called by the packet's and the overload's ``__call__``."""
+
+    def wrapper(*args, **kwargs):
+        if not _OBSERVERS:
+            return fn(*args, **kwargs)
+        return _intercept("functional", name, fn, args, kwargs)
+
+    wrapper._labsupport_tap = "functional"
+    wrapper.__wrapped__ = fn
+    return wrapper
+
+
+def install() -> None:
+    """Install the wrappers (once per process; later calls do nothing)."""
+    global _installed
+    with _LOCK:
+        if _installed:
+            return
+        import torch.distributed as dist
+
+        if not dist.is_available():  # pragma: no cover - a torch without distributed support
+            _installed = True
+            return
+        _install_api(dist)
+        _install_methods()
+        _install_functional()
+        _installed = True
+
+
+def _install_api(dist) -> None:
+    """``distributed_c10d`` gets the same wrappers as ``torch.distributed``: ``P2POp`` checks that its ``op`` is that
+    module's ``isend`` or ``irecv``, and pickle finds functions there."""
+    from torch.distributed import distributed_c10d as c10d
+
+    for name in API_CALLS:
+        original = getattr(c10d, name, None)
+        if original is None or getattr(original, "_labsupport_tap", None):
+            continue
+        wrapper = _wrap_function("api", name, original)
+        for module in (c10d, dist):
+            if getattr(module, name, None) is original:
+                setattr(module, name, wrapper)
+
+
+def _install_methods() -> None:
+    from torch._C import _distributed_c10d as C
+
+    classes = [("pg", getattr(C, "ProcessGroup", None)), ("backend", getattr(C, "Backend", None))]
+    for level, cls in classes:
+        if cls is None:
+            continue
+        for method in PG_KINDS:
+            original = cls.__dict__.get(method)
+            if original is None or getattr(original, "_labsupport_tap", None):
+                continue
+            try:
+                setattr(cls, method, _wrap_method(level, method, original))
+            except (AttributeError, TypeError):  # pragma: no cover
+                pass
+    work = getattr(C, "Work", None)
+    wait = getattr(work, "wait", None)
+    if wait is not None and not getattr(wait, "_labsupport_tap", None):
+        try:
+            work.wait = _wrap_method("wait", "wait", wait)
+        except (AttributeError, TypeError):  # pragma: no cover - a torch whose Work cannot be patched
+            pass
+
+
+def _install_functional() -> None:
+    import torch
+
+    try:
+        import torch.distributed._functional_collectives  # noqa: F401  (registers the ops' Python parts)
+    except Exception:  # pragma: no cover
+        pass
+    for namespace in _FUNCTIONAL_NAMESPACES:
+        try:
+            ops = getattr(torch.ops, namespace)
+        except Exception:  # pragma: no cover
+            continue
+        for name in FUNCTIONAL_KINDS:
+            try:
+                packet = getattr(ops, name)
+            except (AttributeError, RuntimeError):
+                continue
+            targets = [packet] + [getattr(packet, o, None) for o in packet.overloads()]
+            for target in targets:
+                op = getattr(target, "_op", None)
+                if op is None or getattr(op, "_labsupport_tap", None):
+                    continue
+                try:
+                    target._op = _wrap_op(name, op)
+                except (AttributeError, TypeError):  # pragma: no cover
+                    pass
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# describing a communication call: (kind, peer, group ranks, nbytes)
+
+
+def nbytes_of(obj) -> int:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, (list, tuple)):
+        return sum(nbytes_of(x) for x in obj)
+    return 0
+
+
+def _group_ranks(pg) -> tuple:
+    import torch.distributed as dist
+
+    try:
+        return tuple(dist.get_process_group_ranks(pg))
+    except Exception:
+        pass
+    for group in _groups():  # a backend object: the ranks of the group it belongs to
+        try:
+            if any(group._get_backend(dev) is pg for dev in group._device_types):
+                return tuple(dist.get_process_group_ranks(group))
+        except Exception:
+            continue
+    try:
+        return tuple(range(pg.size()))
+    except Exception:
+        return ()
+
+
+def _groups() -> list:
+    try:
+        from torch.distributed import distributed_c10d as c10d
+
+        return list(c10d._world.pg_map)
+    except Exception:  # pragma: no cover
+        return []
+
+
+def _global_rank(pg, group: tuple, group_rank):
+    import torch.distributed as dist
+
+    try:
+        return dist.get_global_rank(pg, int(group_rank))
+    except Exception:
+        pass
+    try:
+        return group[int(group_rank)] if group else int(group_rank)
+    except (IndexError, TypeError, ValueError):
+        return None
+
+
+def _method_data(method: str, args: tuple, kwargs: dict):
+    """The tensor(s) that are this rank's data in a process-group call (see ``CommCall.nbytes``)."""
+    if method in _DATA_FIRST:
+        return args[0] if args else kwargs.get("tensors")
+    if len(args) >= 2:
+        return args[1]
+    return next((v for k, v in kwargs.items() if k.startswith("input")), None)
+
+
+def _describe(call: Call) -> tuple:
+    level, name, args, kwargs = call.level, call.name, call.args, call.kwargs
+    if level in ("pg", "backend"):
+        kind = PG_KINDS[name]
+        group = _group_ranks(call.target)
+        peer = None
+        if kind in POINT_TO_POINT and name != "recv_anysource" and len(args) >= 2:
+            peer = _global_rank(call.target, group, args[1])
+        return kind, peer, group, nbytes_of(_method_data(name, args, kwargs))
+    if level == "functional":
+        kind = FUNCTIONAL_KINDS[name]
+        group_name = kwargs.get("group_name", args[-1] if args else None)
+        group = ()
+        if isinstance(group_name, str):
+            try:
+                from torch.distributed.distributed_c10d import _resolve_process_group
+
+                group = _group_ranks(_resolve_process_group(group_name))
+            except Exception:
+                group = ()
+        peer = None
+        if kind in POINT_TO_POINT and len(args) >= 2:
+            try:
+                peer = int(args[1])
+            except (TypeError, ValueError):
+                peer = None
+        data = args[0] if args else kwargs.get("input", kwargs.get("inputs"))
+        return kind, peer, group, nbytes_of(data)
+    return (name if level == "api" else None), None, (), 0
