@@ -2,7 +2,9 @@
 
 * ``make_model(num_layers, width, seed)``: ``num_layers`` blocks (Linear, Tanh) of the same width, so every stage's
   input and output have the micro-batch's shape; ``build_stage(model, layers)`` keeps the blocks of one stage.
-* ``mse(output, target)``: the loss the demos use.
+* ``mse(output, target)``: the loss the demos use; ``demo_batch(m, rows, width, seed)``: the micro-batches and
+  targets ``pipeline_run`` uses; ``one_process_step(...)``: the oracle, the whole model in one process, loss averaged
+  over the micro-batches (returns the loss and every gradient, in ``model.parameters()`` order).
 * ``TimedStage(stage, timeline, ...)``: wraps a stage so that each forward and each backward is recorded as a span
   ``"F 3"`` / ``"B 3"`` in a ``labsupport.Timeline``; optionally pads each to a fixed duration with ``time.sleep``.
 * ``pipeline_run(run_pipeline, schedule, layers, ...)``: inside a worker, build this rank's stage of the demo model,
@@ -40,6 +42,8 @@ __all__ = [
     "make_model",
     "build_stage",
     "mse",
+    "demo_batch",
+    "one_process_step",
     "TimedStage",
     "pipeline_run",
     "measured_bubble",
@@ -71,6 +75,24 @@ def build_stage(model: nn.Sequential, layers) -> nn.Sequential:
 
 def mse(output, target):
     return ((output - target) ** 2).mean()
+
+
+def demo_batch(m: int, rows: int = 32, width: int = 64, seed: int = 0):
+    """``m`` micro-batches and ``m`` targets, each ``(rows, width)``, the same on every rank for the same seed."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    xs = [torch.randn(rows, width, generator=gen) for _ in range(m)]
+    ys = [torch.randn(rows, width, generator=gen) for _ in range(m)]
+    return xs, ys
+
+
+def one_process_step(m: int, num_layers: int = 8, width: int = 64, rows: int = 32, seed: int = 0):
+    """The oracle: the whole demo model in this process on the same micro-batches, loss = mean over micro-batches of
+    ``mse``; returns ``(loss, [grad of every parameter])``."""
+    model = make_model(num_layers, width, seed)
+    xs, ys = demo_batch(m, rows, width, seed)
+    loss = sum(mse(model(x), y) for x, y in zip(xs, ys)) / m
+    loss.backward()
+    return loss.item(), [p.grad for p in model.parameters()]
 
 
 class _Mark(torch.autograd.Function):
@@ -161,10 +183,7 @@ def pipeline_run(run_pipeline, schedule, layers, num_layers: int = 8, width: int
     model = make_model(num_layers, width, seed)
     stage = build_stage(model, layers[rank])
     inner = stage if stage_wrapper is None else stage_wrapper(stage)
-    m = sum(1 for op, _ in schedule[rank] if op == "F")
-    gen = torch.Generator().manual_seed(seed + 1)
-    xs = [torch.randn(rows, width, generator=gen) for _ in range(m)]
-    ys = [torch.randn(rows, width, generator=gen) for _ in range(m)]
+    xs, ys = demo_batch(sum(1 for op, _ in schedule[rank] if op == "F"), rows, width, seed)
     for p in stage.parameters():  # gradients exist beforehand: LiveBytes then counts activations, not them
         p.grad = torch.zeros_like(p)
     tl = Timeline(origin=0.0)  # time.perf_counter() is one clock for every process on the machine
