@@ -11,12 +11,15 @@ The few public names:
 * ``Timeline``: record compute and communication spans per rank, to draw them.
 * ``grading()``: True while the autograder runs the notebook (measurements shrink).
 * ``show_table(header, rows)``: print an aligned text table.
+* ``%%visible_test NAME`` and ``require_passed(NAME)``: visible tests that let *Run All* go past an exercise not
+  written yet, and a Validate button that fails until every visible test passes (``labsupport.visible``).
 """
 
 import os as _os
 
 from .comm import CommCounter, CommCall
 from .display import show_table
+from .visible import require_passed
 from .launch import WorkerError, WorkerTimeout, device, in_worker, run, shutdown
 from .timeline import Timeline
 from ._pool import start_early as _start_early
@@ -33,6 +36,7 @@ __all__ = [
     "Timeline",
     "grading",
     "show_table",
+    "require_passed",
 ]
 
 
@@ -47,10 +51,12 @@ def grading() -> bool:
 
 
 def load_ipython_extension(ipython):
-    """``%load_ext labsupport``: registers the ``%%distributed`` cell magic."""
+    """``%load_ext labsupport``: registers the ``%%distributed`` and ``%%visible_test`` cell magics."""
     from .magics import register
+    from .visible import register as register_visible_test
 
     register(ipython)
+    register_visible_test(ipython)
 
 
 _start_early()  # in a notebook kernel: the fork server imports torch while the notebook goes on
