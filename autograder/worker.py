@@ -49,6 +49,7 @@ class Result:
     tampered_cells: list[str] = field(default_factory=list)
     tests: list[dict] = field(default_factory=list)   # {"grade_id", "points", "max_points", "message"}
     seconds: float = 0.0
+    phases: dict = field(default_factory=dict)         # seconds spent per phase (benchmarks/grading.py)
     flags: list[str] = field(default_factory=list)     # "cell: reason", for a person to review
 
     def row(self) -> dict:
@@ -321,6 +322,7 @@ def grade_task(task: Task) -> Result:
     page.parent.mkdir(parents=True, exist_ok=True)
     page.write_text(fb.render(summary, clean), encoding="utf-8")
     result.seconds = time.monotonic() - started
+    result.phases["total"] = result.seconds
     return result
 
 
@@ -333,7 +335,10 @@ def _judged(outcomes: list, judge, result: Result, secret) -> list:
     from .judge import Judge, verdicts_to_points
 
     full = {o.grade_id: o.max_points for o in outcomes}
+    waited = time.monotonic()
     report = judge.result(_judge_timeout(len(full)))
+    result.phases["judge_wait"] = time.monotonic() - waited
+    result.phases["judge_run"] = float(report.get("seconds") or 0.0)
     if report.get("error") and "did not finish" not in report["error"]:
         # the judge itself failed (not a time-out that student code can cause): one more try, from scratch
         again = Judge(_WORKER["course_root"], _WORKER["judge_logs"])
@@ -390,7 +395,9 @@ def _grade_notebook(task: Task, release, secret, result: Result, notes: list[str
     nbformat.write(repaired, submitted / f"{task.assignment}.ipynb")
     for _attempt in range(INFRA_ATTEMPTS):
         reset_record()
+        kernel_started = time.monotonic()
         outcome = api.autograde(task.assignment, task.student, force=True, create=True)
+        result.phases["autograde"] = time.monotonic() - kernel_started
         # Failed while no cell of the student was running (the kernel did not start: on a busy machine a port
         # picked for it can be taken before it binds it; or nbgrader tripped): not the student's doing, try again.
         if outcome.get("success") or CURRENT.failure or CURRENT.running or CURRENT.ran_cells:

@@ -1,18 +1,23 @@
 """How long grading takes: N copies of the solutions graded with --jobs 1 and with --jobs 2.
 
-    python benchmarks/grading.py [-n 6] [--assignment ID] [--course DIR]
+    python benchmarks/grading.py [-n 6] [--assignment ID] [--course DIR] [--jobs 1 2] [--package DIR]
 
 Makes N students who each hand in every assignment's solution notebook, runs ``python -m autograder grade`` on
 them serially and then with two jobs (each a fresh command, start-up included), checks that both runs agree and
 give full marks, and prints the two times and their ratio. ``--course tests/fixtures/course`` measures the small
-demo course instead of the real one (seconds instead of minutes).
+demo course instead of the real one (seconds instead of minutes). For each run it also prints where the time went:
+building the template course (nbgrader's release and gradebook), the pool of grading processes, merging the
+gradebooks, and per notebook the nbgrader run (kernel start and cells) and the wait for the judge. ``--package DIR``
+grades with the ``autograder`` package found in DIR (e.g. an older checkout) to compare two versions.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -21,20 +26,45 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+CPU: dict[int, float] = {}  # --jobs -> CPU seconds of the grading command and the processes it waited for
 
 
-def grade(subs: Path, out: Path, jobs: int, course: Path, assignment: str | None) -> float:
+def grade(subs: Path, out: Path, jobs: int, course: Path, assignment: str | None, package: Path = REPO) -> float:
     cmd = [sys.executable, "-m", "autograder", "grade", str(subs), "--jobs", str(jobs), "--out", str(out),
            "--course", str(course)]
     if assignment:
         cmd += ["--assignment", assignment]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(package), os.environ.get("PYTHONPATH")])),
+               AUTOGRADER_TIMINGS=str(out.parent / f"timings-{out.name}.json"))
     started = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.run(cmd, cwd=package, env=env, capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    CPU[jobs] = (after.ru_utime - cpu.ru_utime) + (after.ru_stime - cpu.ru_stime)
     if proc.returncode != 0:
         sys.exit(f"grading failed ({' '.join(cmd)}):\n{proc.stdout}\n{proc.stderr}")
     return seconds
+
+
+def breakdown(path: Path, jobs: int, seconds: float) -> str:
+    """Where the time of one run went (from the grader's AUTOGRADER_TIMINGS file)."""
+    if not path.exists():
+        return "    (no timings: the graded package does not write them)"
+    data = json.loads(path.read_text())
+    phases, tasks = data["phases"], data["tasks"]
+    lines = [f"    start-up {seconds - sum(phases.values()):5.1f} s, template {phases['template']:5.1f} s, "
+             f"pool {phases['pool']:6.1f} s, merge {phases['merge']:4.1f} s"]
+    if tasks:
+        def mean(key):
+            return sum(t.get(key, 0.0) for t in tasks) / len(tasks)
+        busy = sum(t.get("total", 0.0) for t in tasks)
+        idle = jobs * phases["pool"] - busy
+        lines.append(f"    per notebook: {mean('total'):5.1f} s, of which nbgrader autograde {mean('autograde'):5.1f} s, "
+                     f"waiting for the judge {mean('judge_wait'):4.1f} s (the judge ran {mean('judge_run'):4.1f} s)")
+        lines.append(f"    grading processes idle or starting: {idle:5.1f} process-seconds "
+                     f"({idle / max(jobs * phases['pool'], 1e-9):.0%} of {jobs} x pool)")
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -42,6 +72,9 @@ def main() -> int:
     parser.add_argument("-n", "--copies", type=int, default=6, help="number of students (default: 6)")
     parser.add_argument("--assignment", metavar="ID", help="only this assignment (default: all)")
     parser.add_argument("--course", type=Path, default=REPO, help="course root (default: this repository)")
+    parser.add_argument("--jobs", type=int, nargs="+", default=[1, 2], help="the --jobs values to time (default: 1 2)")
+    parser.add_argument("--package", type=Path, default=REPO,
+                        help="folder holding the autograder package to run (default: this repository)")
     args = parser.parse_args()
     course = args.course.resolve()
     solutions = course / "solutions"
@@ -60,19 +93,23 @@ def main() -> int:
         print(f"grading {args.copies} copies of the solutions of {', '.join(ids)} ({n} notebooks) "
               f"on {os.cpu_count()} cores", flush=True)
         times = {}
-        for jobs in (1, 2):
-            times[jobs] = grade(subs, Path(tmp) / f"out{jobs}", jobs, course, args.assignment)
-            print(f"  --jobs {jobs}: {times[jobs]:7.1f} s  ({times[jobs] / n:.1f} s per notebook)", flush=True)
+        for jobs in args.jobs:
+            times[jobs] = grade(subs, Path(tmp) / f"out{jobs}", jobs, course, args.assignment, args.package.resolve())
+            print(f"  --jobs {jobs}: {times[jobs]:7.1f} s  ({times[jobs] / n:.1f} s per notebook, "
+                  f"{CPU[jobs] / n:.1f} CPU s per notebook)", flush=True)
+            print(breakdown(Path(tmp) / f"timings-out{jobs}.json", jobs, times[jobs]), flush=True)
         rows = {}
-        for jobs in (1, 2):
+        for jobs in args.jobs:
             with open(Path(tmp) / f"out{jobs}" / "grades.csv", newline="") as f:
                 rows[jobs] = list(csv.DictReader(f))
-        if rows[1] != rows[2]:
-            print("warning: the serial and parallel runs disagree")
-        not_full = [r for r in rows[1] if r["status"] != "ok" or r["points"] != r["max_points"]]
+        first = rows[args.jobs[0]]
+        if any(rows[j] != first for j in args.jobs):
+            print("warning: the runs disagree")
+        not_full = [r for r in first if r["status"] != "ok" or r["points"] != r["max_points"]]
         if not_full:
             print(f"warning: {len(not_full)} solution notebooks did not get full marks, e.g. {not_full[0]}")
-        print(f"  speed-up with --jobs 2: {times[1] / times[2]:.2f}x")
+        for jobs in args.jobs[1:]:
+            print(f"  speed-up with --jobs {jobs}: {times[args.jobs[0]] / times[jobs]:.2f}x")
     return 0
 
 

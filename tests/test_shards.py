@@ -1,0 +1,71 @@
+"""``grade --shard K/N`` grades deterministic slices of the students, and ``merge`` joins them into what one run
+would have written (the demo course)."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+import demo_submissions as demo  # noqa: E402
+
+from autograder.course import Course  # noqa: E402
+from autograder.grading import discover, shard_of  # noqa: E402
+
+MIX = {"alice": "good", "bob": "release", "carol": "partial", "dave": "edited_tests", "erin": "invalid_json"}
+
+
+def test_shards_are_a_deterministic_partition(tmp_path):
+    subs = demo.write(tmp_path / "subs", {f"s{k:02d}": "good" for k in range(7)})
+    tasks = discover(subs, Course.at(demo.COURSE), demo.DEMO)
+    slices = [shard_of(tasks, (k, 3)) for k in (1, 2, 3)]
+    students = [sorted({t.student for t in s}) for s in slices]
+    assert sorted(sum(students, [])) == sorted({t.student for t in tasks})
+    assert [len(s) for s in students] == [3, 2, 2]
+    assert students == [sorted({t.student for t in shard_of(tasks, (k, 3))}) for k in (1, 2, 3)]
+
+
+@pytest.mark.parametrize("bad", ["0/2", "3/2", "1/0", "x", "1-2"])
+def test_bad_shard(tmp_path, bad):
+    demo.write(tmp_path / "subs", {"alice": "good"})
+    proc = demo.cli("grade", tmp_path / "subs", "--shard", bad, "--course", demo.COURSE)
+    assert proc.returncode == 2 and "--shard" in proc.stderr, proc.stderr
+
+
+def test_shards_merged_equal_one_run(tmp_path):
+    subs = demo.write(tmp_path / "subs", MIX)
+    common = ["--assignment", demo.DEMO, "--course", demo.COURSE]
+    outs = []
+    for k in (1, 2):
+        out = tmp_path / f"shard{k}"
+        proc = demo.cli("grade", subs, "--shard", f"{k}/2", "--out", out, *common)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        outs.append(out)
+    whole = tmp_path / "whole"
+    proc = demo.cli("grade", subs, "--jobs", 2, "--out", whole, *common)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    merged = tmp_path / "merged"
+    proc = demo.cli("merge", *outs, "--out", merged)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Merged 2 outputs: 5 notebooks" in proc.stdout
+    assert (merged / "grades.csv").read_bytes() == (whole / "grades.csv").read_bytes()
+    for student in MIX:
+        page = f"feedback/{student}/{demo.DEMO}.html"
+        assert (merged / page).read_text() == (whole / page).read_text(), student
+    assert (merged / "logs").exists() == (whole / "logs").exists()
+
+    from nbgrader.api import Gradebook
+
+    from autograder.nbgrader_config import make_config
+
+    course_id = make_config(str(merged)).CourseDirectory.course_id
+    grades = demo.read_grades(whole / "grades.csv")
+    with Gradebook(f"sqlite:///{merged / 'gradebook.db'}", course_id) as gb:
+        assert sorted(s.id for s in gb.students) == sorted(MIX)
+        for student in MIX:
+            sub = gb.find_submission(demo.DEMO, student)
+            assert sub.score == float(grades[(student, demo.DEMO)]["points"]), student
+
+    # merging the same shard twice is an error, not a double count
+    proc = demo.cli("merge", outs[0], outs[0], "--out", tmp_path / "twice")
+    assert proc.returncode == 2 and "graded in both" in proc.stderr, proc.stderr
