@@ -6,7 +6,7 @@
   A run is a simulator's ``busy`` (per stage, ``(start, end, op, mb)`` or ``(start, end, op, mb, chunk)``) or the
   ``Timeline`` events each rank recorded (spans named ``"F 3"``, ``"B 3"``).
 * ``plot_bubble(ms, measured, formula)``: bubble fraction against the number of micro-batches.
-* ``plot_memory(peaks, in_flight)``: peak activation bytes per stage for several schedules, next to what the number
+* ``plot_memory(peaks, predicted)``: peak activation bytes per stage for several schedules, next to what the number
   of micro-batches in flight predicts.
 * ``plot_checkpointing(rows)``: memory kept and peak, and time, against the checkpoint segment length.
 """
@@ -146,10 +146,9 @@ def plot_bubble(ms, measured: dict, formula, title: str = "bubble fraction again
     return fig
 
 
-def plot_memory(peaks: dict, in_flight: dict | None = None, unit_bytes: float | None = None,
-                title: str = "peak activation memory per stage"):
-    """``peaks``: schedule -> peak bytes per stage (measured). ``in_flight``: schedule -> micro-batches in flight
-    per stage; with ``unit_bytes`` (one micro-batch's activations on a stage), drawn as dots: the prediction."""
+def plot_memory(peaks: dict, predicted: dict | None = None, title: str = "peak activation memory per stage"):
+    """``peaks``: schedule -> peak bytes per stage (measured). ``predicted``: schedule -> bytes per stage from a
+    model (e.g. micro-batches in flight x bytes per micro-batch), drawn as black bars across the measured ones."""
     import numpy as np
 
     plt = _plt()
@@ -159,13 +158,12 @@ def plot_memory(peaks: dict, in_flight: dict | None = None, unit_bytes: float | 
     x = np.arange(p)
     w = 0.8 / len(names)
     for i, (name, colour) in enumerate(zip(names, (_F, _B, "#55A868", "#8172B3"))):
-        vals = np.array(peaks[name], dtype=float) / 1024
-        ax.bar(x + (i - (len(names) - 1) / 2) * w, vals, w, color=colour, label=f"{name}: measured")
-        if in_flight and unit_bytes and name in in_flight:
-            ax.plot(x + (i - (len(names) - 1) / 2) * w, np.array(in_flight[name]) * unit_bytes / 1024, "k_",
-                    markersize=18, mew=2)
-    if in_flight and unit_bytes:
-        ax.plot([], [], "k_", markersize=12, mew=2, label="micro-batches in flight x one micro-batch's activations")
+        pos = x + (i - (len(names) - 1) / 2) * w
+        ax.bar(pos, np.array(peaks[name], dtype=float) / 1024, w, color=colour, label=f"{name}: measured")
+        if predicted and name in predicted:
+            ax.plot(pos, np.array(predicted[name], dtype=float) / 1024, "k_", markersize=18, mew=2)
+    if predicted:
+        ax.plot([], [], "k_", markersize=12, mew=2, label="predicted from the micro-batches in flight")
     ax.set_xticks(x)
     ax.set_xticklabels([f"stage {s}" for s in range(p)])
     ax.set_ylabel("KiB alive at the peak")
