@@ -96,37 +96,46 @@ def plot_all_to_all(matrix, title: str = "bytes sent by all-to-all", unit: str =
     fig, ax = plt.subplots(figsize=(1.2 + 0.8 * n, 1.0 + 0.7 * n))
     data = [[v / scale for v in row] for row in matrix]
     ax.imshow(data, cmap="Blues")
+    top = max(max(row) for row in data) or 1
     for i in range(n):
         for j in range(n):
+            dark = data[i][j] > 0.6 * top
             ax.text(j, i, f"{data[i][j]:.3g}", ha="center", va="center", fontsize=8,
-                    color="grey" if i == j else "black")
+                    color="white" if dark else "black", fontstyle="italic" if i == j else "normal")
     ax.set_xticks(range(n))
     ax.set_yticks(range(n))
     ax.set_xlabel("to rank")
     ax.set_ylabel("from rank")
-    ax.set_title(f"{title} ({unit}; the diagonal stays on its rank)", fontsize=9)
+    ax.set_title(f"{title} ({unit}; the diagonal, in italics, stays on its rank)", fontsize=9)
     fig.tight_layout()
     return fig
 
 
-def plot_memory_plan(rows, memory_bytes: float, title: str = "memory per GPU"):
-    """``rows``: list of (label, {"model_state": bytes, "activations": bytes}); stacked horizontal bars in GB
-    with the GPU's memory as a vertical line."""
+def plot_memory_plan(rows, memory_bytes: float, title: str = "memory per GPU", xmax_gb: float | None = None):
+    """``rows``: list of (label, {"model_state": bytes, "activations": bytes}); stacked horizontal bars in GB with
+    the GPU's memory as a dashed line. Bars longer than ``xmax_gb`` (default: twice the memory) are cut, with their
+    total written at the edge."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(7.5, 0.9 + 0.32 * len(rows)))
+    xmax = xmax_gb or 2 * memory_bytes / 1e9
+    fig, ax = plt.subplots(figsize=(7.5, 1.0 + 0.22 * len(rows)))
     labels = [label for label, _ in rows]
     state = [r["model_state"] / 1e9 for _, r in rows]
     act = [r["activations"] / 1e9 for _, r in rows]
-    ys = range(len(rows))
+    ys = list(range(len(rows)))
     ax.barh(ys, state, color="#4C72B0", label="model state (ZeRO's 2Ψ + 2Ψ + KΨ, sharded)")
     ax.barh(ys, act, left=state, color="#DD8452", label="activations (Korthikanti et al. 2022)")
+    for y, s_, a_ in zip(ys, state, act):
+        if s_ + a_ > xmax:
+            ax.text(xmax, y, f"{s_ + a_:.0f} GB ", ha="right", va="center", fontsize=7, color="white")
     ax.axvline(memory_bytes / 1e9, color="black", ls="--", lw=1)
-    ax.text(memory_bytes / 1e9, len(rows) - 0.4, f" {memory_bytes / 1e9:.0f} GB", fontsize=8, va="bottom")
-    ax.set_yticks(list(ys))
+    ax.text(memory_bytes / 1e9, len(rows) - 0.5, f" {memory_bytes / 1e9:.0f} GB", fontsize=8, va="top")
+    ax.set_xlim(0, xmax)
+    ax.set_yticks(ys)
     ax.set_yticklabels(labels, fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("GB per GPU")
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.9 / (1.0 + 0.22 * len(rows))), ncol=2,
+              frameon=False)
     fig.tight_layout()
     return fig
