@@ -332,3 +332,20 @@ def test_published_configurations_fit_only_with_recomputation():
         plan = lambda rc, sp=False: reference_fits(model, DGX_A100(gpus), d, t, p, 0, 1, rc, sp)["fits"]  # noqa
         assert plan("full") and plan("selective", True), model.name
         assert plan("none") == (model.num_params < 100e9), model.name
+
+
+def dispatch_raises_on_rank_1(tokens, expert_of_token, num_experts):
+    """Rank 1 fails before its first collective while the others wait in theirs: reported, not a deadlock."""
+    if dist.get_rank() == 1:
+        raise RuntimeError("index out of range")
+    return dispatch_single(tokens, expert_of_token, num_experts)
+
+
+def test_an_exception_on_one_rank_is_reported_not_a_deadlock():
+    import time
+
+    start = time.perf_counter()
+    with pytest.raises(AssertionError) as info:
+        check_dispatch_tokens(dispatch_raises_on_rank_1)
+    assert "raised RuntimeError: index out of range" in str(info.value), str(info.value)
+    assert time.perf_counter() - start < 25

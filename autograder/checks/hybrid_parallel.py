@@ -12,8 +12,9 @@
 * ``activation_bytes`` and ``fits`` are compared with the formulas of Korthikanti et al. 2022 (Table 2) and of
   the ZeRO paper (Rajbhandari et al. 2020), restated here as oracles.
 
-Probes keep the ranks in step: after every case each rank reports whether it found a problem (a small all-reduce,
-outside the counted region) and all stop together.
+Probes keep the ranks in step: after every case each rank reports what it found (``all_gather_object``, outside the
+counted region) and all stop together with the first rank's message. A student's exception is raised at once (the
+other ranks may be waiting in a collective), and the launcher stops the rest.
 """
 
 from __future__ import annotations
@@ -293,10 +294,11 @@ def _moe_probe(fn, seed, which):
             if failure is None and (not torch.equal(mine, tokens[rank]) or not torch.equal(route, experts[rank])):
                 failure = f"{which}_tokens changed its inputs in place: leave tokens and expert_of_token untouched; {where}."
         except (NotImplementedError, AssertionError):
-            _agree("stop")
             raise
         except Exception as exc:
-            failure = f"{which}_tokens raised {type(exc).__name__}: {exc}; {where}."
+            # raise at once: the other ranks may be blocked in a collective this rank never reached, and the
+            # launcher stops them when one rank fails
+            raise AssertionError(f"{which}_tokens raised {type(exc).__name__}: {exc}; {where}.") from None
         first = _agree(failure)
         if first is not None:
             raise AssertionError(first)

@@ -62,8 +62,8 @@ def DGX_A100(num_gpus: int) -> Cluster:
     return Cluster(f"{num_gpus} × A100 80GB", num_gpus)
 
 
-#: GPT-3 175B (Brown et al. 2020, Table 2.1), with the batch of 1536 sequences for which Narayanan et al. 2021
-#: estimate the training time on 1024 A100s (t = 8, p = 8, so d = 16).
+#: GPT-3 175B (Brown et al. 2020, Table 2.1), with a global batch of 1536 sequences, the batch Narayanan et al. 2021
+#: use to estimate GPT-3's training time on 1024 A100s.
 GPT3_175B = Model("GPT-3 175B", num_layers=96, hidden=12288, heads=96, seq_len=2048, global_batch=1536)
 
 #: Rows of Table 1 of Narayanan et al. 2021 (the larger models, where t·p > 8): the model, tensor-parallel size t,
