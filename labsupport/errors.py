@@ -1,7 +1,7 @@
-"""What ``labsupport.run`` raises, and how a worker's failure is put into words.
+"""What ``labsupport.run`` raises, the record of a rank's failure (``Failure``), and every report's wording.
 
-Frames come from the worker as (filename, line number, function, source line); the notebook fills in the
-source of its own cells (which only it has, in ``linecache``) and names them ``Cell In[N]`` as IPython does.
+In a notebook, ``WorkerError`` and ``WorkerTimeout`` show their message first (the rank, its exception, its
+traceback down to the student's own line) and no launcher frame; an interrupt shows one line.
 """
 
 from __future__ import annotations
@@ -9,8 +9,11 @@ from __future__ import annotations
 import builtins
 import linecache
 import os
-import re
+import pickle
 import signal
+from dataclasses import dataclass
+
+from ._frames import display_name, format_frames, is_internal
 
 __all__ = ["WorkerError", "WorkerTimeout"]
 
@@ -22,9 +25,9 @@ def _call_site(tb) -> str:
     while tb is not None:
         code = tb.tb_frame.f_code
         filename = code.co_filename
-        if not _is_internal(filename) and f"{os.sep}IPython{os.sep}" not in filename:
+        if not is_internal(filename) and f"{os.sep}IPython{os.sep}" not in filename:
             line = linecache.getline(filename, tb.tb_lineno).strip()
-            site = "" if "run_cell_magic(" in line else f"{_display_name(filename)}, line {tb.tb_lineno}: {line}"
+            site = "" if "run_cell_magic(" in line else f"{display_name(filename)}, line {tb.tb_lineno}: {line}"
         tb = tb.tb_next
     return site
 
@@ -53,6 +56,50 @@ class KeyboardInterrupt(builtins.KeyboardInterrupt):  # noqa: A001 - the name a 
         return [f"KeyboardInterrupt: {self}"]
 
 
+@dataclass
+class Failure:
+    """What went wrong on one rank. Read like the dict it replaces (``failure["rank"]``, ``failure.get("where")``).
+
+    ``type`` is the name of the exception the rank raised, ``None`` when it died without one (then ``exitcode``
+    says how); ``traceback`` its frames as text, down to the student's line; ``where`` what the worker was doing
+    ("initialising the process group"); ``exception`` the exception pickled, when the notebook can rebuild it.
+    """
+
+    rank: int
+    type: str | None
+    message: str
+    traceback: str = ""
+    summary: str = ""
+    where: str | None = None
+    exitcode: int | None = None
+    exception: bytes | None = None
+
+    @classmethod
+    def raised(cls, rank: int, error: dict) -> "Failure":
+        """From the error a worker sent (``_worker._error_dict``)."""
+        text, summary = format_frames(error["frames"])
+        return cls(rank, error["type"], error["message"], text, summary, error["where"],
+                   exception=error.get("exception"))
+
+    @classmethod
+    def died(cls, rank: int, exitcode: int | None) -> "Failure":
+        return cls(rank, None, _death_message(exitcode), exitcode=exitcode)
+
+    @classmethod
+    def unreadable_result(cls, rank: int, exc: Exception) -> "Failure":
+        return cls(rank, type(exc).__name__, f"the result could not be rebuilt in the notebook: {exc}")
+
+    def __getitem__(self, key: str):
+        return getattr(self, key)
+
+    def get(self, key: str, default=None):
+        return getattr(self, key, default)
+
+    @property
+    def consequence(self) -> bool:
+        return _is_consequence(self)
+
+
 class WorkerError(_Rendered, RuntimeError):
     """One or more ranks failed: raised an exception, or died.
 
@@ -75,7 +122,7 @@ class WorkerError(_Rendered, RuntimeError):
             print(err.worker_traceback)     # points at the line of your cell that raised
     """
 
-    def __init__(self, message: str, failures: list[dict]):
+    def __init__(self, message: str, failures: list):
         super().__init__(message)
         self.failures = failures
         first = failures[0]
@@ -86,6 +133,37 @@ class WorkerError(_Rendered, RuntimeError):
         self.worker_traceback = first.get("traceback", "")
         self.exitcode = first.get("exitcode")
         self.exception = None
+
+    @classmethod
+    def from_failures(cls, failures: list, others: list[int]) -> "WorkerError":
+        """The error for these failures, the first (real) one first; ``others`` are the ranks that were stopped."""
+        # A rank that dies makes its peers' gloo calls fail with connection errors: those are consequences.
+        failures = sorted(failures, key=lambda f: (f.consequence, f.rank))
+        first = failures[0]
+        heads = []
+        for f in failures:
+            if f.type is None:
+                heads.append(f"rank {f.rank} {f.message}")
+            elif f.consequence and not first.consequence:
+                heads.append(f"rank {f.rank} then lost its connection to the failed rank")
+                f.traceback = ""
+            else:
+                where = f" while {f.where}" if f.where not in (None, "running your function") else ""
+                heads.append(f"rank {f.rank} raised {f.type}: {f.message}{where}")
+        parts = ["; ".join(heads)]
+        for f in failures:
+            if f.traceback:
+                parts.append(f"\nTraceback on rank {f.rank} (most recent call last):\n{f.traceback}")
+                parts.append(f"{f.type}: {f.message}")
+        if others:
+            parts.append(f"\nRanks {others} were stopped.")
+        err = cls("\n".join(parts), failures)
+        if first.exception:
+            try:
+                err.exception = pickle.loads(first.exception)
+            except Exception:
+                pass
+        return err
 
     def __reduce__(self):
         # the default rebuilds an exception from its message alone, and this one needs its failures too: without
@@ -120,122 +198,6 @@ class WorkerTimeout(_Rendered, TimeoutError):
         return type(self), (str(self), self.ranks, self.stacks, self.timeout)
 
 
-def _display_name(filename: str) -> str:
-    """'Cell In[5]' for a notebook cell, the path otherwise."""
-    try:
-        from IPython import get_ipython
-
-        ip = get_ipython()
-        count = getattr(getattr(ip, "compile", None), "_filename_map", {}).get(filename)
-        if count is not None:
-            return f"Cell In[{count}]"
-    except Exception:
-        pass
-    return filename
-
-
-#: The launcher's own modules: their frames are never shown to a student.
-_CORE_FILES = frozenset(
-    f"{name}.py"
-    for name in ("_worker", "_callboard", "_board", "_pool", "_output", "_call", "_env", "launch", "magics", "tap",
-                 "comm", "timeline", "errors")
-)
-
-
-def _is_internal(filename: str) -> bool:
-    here = os.path.dirname(os.path.abspath(__file__))
-    return f"{os.sep}multiprocessing{os.sep}" in filename or (
-        os.path.dirname(filename) == here and os.path.basename(filename) in _CORE_FILES
-    )
-
-
-def _is_torch(filename: str) -> bool:
-    return f"{os.sep}torch{os.sep}" in filename
-
-
-def _format_frames(frames, call: str = "") -> tuple[str, str]:
-    """Return (traceback text, one-line summary) for frames [(filename, lineno, name, line)], outermost first.
-
-    ``call`` is the torch.distributed call the rank is inside, with its evaluated arguments, when known ("recv(src=1)
-    of 4 float32", from the worker's call board): the summary then says that rather than the innermost torch
-    function, so that a deadlock report shows which peer each rank waits for.
-    """
-    frames = [f for f in frames if not _is_internal(f[0]) and f[0] != "<string>"]
-    lines = []
-    torch_run: list = []
-    last_user = None
-
-    def flush_torch():
-        if torch_run:
-            lines.append(f"  ... inside torch: {' -> '.join(fr[2] for fr in torch_run[-2:])}")
-            torch_run.clear()
-
-    for filename, lineno, name, line in frames:
-        if _is_torch(filename):
-            torch_run.append((filename, lineno, name))
-            continue
-        flush_torch()
-        src = (line or linecache.getline(filename, lineno)).strip()
-        lines.append(f'  File "{_display_name(filename)}", line {lineno}, in {name}')
-        if src:
-            lines.append(f"    {src}")
-        last_user = (filename, lineno, name, src)
-    innermost_torch = torch_run[-1][2] if torch_run else None
-    flush_torch()
-    blocked_in = call or innermost_torch
-    if last_user is None:
-        summary = f"blocked in {blocked_in}" if blocked_in else "(no Python frame)"
-    else:
-        filename, lineno, name, src = last_user
-        where = f"{_display_name(filename)}, line {lineno}"
-        summary = (f"blocked in {blocked_in} at " if blocked_in else "at ") + f"{where}: {src}"
-    return "\n".join(lines), summary
-
-
-_THREAD_RE = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)")
-_FRAME_RE = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
-
-
-def _parse_faulthandler(text: str, main_ident: int):
-    """Frames of the main thread from a faulthandler dump, outermost first."""
-    sections: dict[int, list] = {}
-    current = None
-    for line in text.splitlines():
-        m = _THREAD_RE.match(line)
-        if m:
-            current = int(m.group(1), 16)
-            sections[current] = []
-            continue
-        m = _FRAME_RE.match(line)
-        if m and current is not None:
-            sections[current].append((m.group(1), int(m.group(2)), m.group(3), None))
-    frames = sections.get(main_ident)
-    if frames is None and sections:
-        frames = next(iter(sections.values()))
-    return list(reversed(frames or []))
-
-
-def _dump_complete(text: str, main_ident: int) -> bool:
-    """Whether a faulthandler dump holds the whole stack of the main thread, down to its outermost frame.
-
-    faulthandler writes innermost frames first, line by line, so a dump read too early lacks the outer frames:
-    the student's. The main thread of a worker starts at a module's top level (``<module>``).
-    """
-    section = None
-    last = None
-    for line in text.splitlines():
-        m = _THREAD_RE.match(line)
-        if m:
-            if section == main_ident and last is not None:
-                break
-            section, last = int(m.group(1), 16), None
-            continue
-        m = _FRAME_RE.match(line)
-        if m and section == main_ident:
-            last = m.group(3)
-    return section == main_ident and last == "<module>"
-
-
 def _signal_name(code: int) -> str:
     try:
         return signal.Signals(-code).name
@@ -261,7 +223,54 @@ def _death_message(code) -> str:
 _CONNECTION_ERRORS = ("Connection closed by peer", "Read error", "Connection reset", "Broken pipe", "Socket closed")
 
 
-def _is_consequence(failure: dict) -> bool:
+def _is_consequence(failure) -> bool:
     """A gloo connection error: what a rank sees when a peer died or was stopped, not a cause."""
     msg = failure.get("message") or ""
     return failure.get("type") == "RuntimeError" and any(e in msg for e in _CONNECTION_ERRORS)
+
+
+def deadlock_report(world_size: int, timeout: float, ranks: list, summaries: dict, stacks: dict, done: list) -> str:
+    """The message of a ``WorkerTimeout``: where each rank still running was blocked, then its stack."""
+    lines = [
+        f"{len(ranks)} of {world_size} ranks were still running after {timeout:g} s: probably a deadlock "
+        "(a rank waiting for a message that never comes). Where each one was:"
+    ]
+    for r in ranks:
+        lines.append(f"  rank {r}: {summaries[r]}")
+    if done:
+        lines.append(f"  ranks {done} had finished.")
+    for r in ranks:
+        if stacks[r]:
+            lines.append(f"\nStack of rank {r} (most recent call last):\n{stacks[r]}")
+    lines.append(
+        "\nEvery send needs a matching recv on the peer (same size, same order), and every rank must call the "
+        "same collectives in the same order. All ranks were stopped; the next call starts fresh workers."
+    )
+    return "\n".join(lines)
+
+
+def interrupted_message(world_size: int, stopped: bool) -> str:
+    if stopped:
+        return f"interrupted: all {world_size} ranks stopped" if world_size > 1 else "interrupted: the rank was stopped"
+    return "interrupted after the ranks had finished"
+
+
+def unpicklable_message(fn, exc: Exception) -> str:
+    return (
+        f"labsupport.run could not send {getattr(fn, '__name__', fn)!r} and its arguments to the workers: {exc}. "
+        "Arguments must be picklable (tensors, numbers, lists, modules, functions); open files, locks and "
+        "generators are not."
+    )
+
+
+def torchrun_failed_message(timeout: float, exc: Exception) -> str:
+    env = os.environ
+    found = ", ".join(f"{k}={env[k]}" for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k in env)
+    return (
+        f"labsupport.run found {found} in the environment, so it took this process for rank {env.get('RANK', '?')} "
+        f"of a job started by torchrun (or srun), but the other ranks did not join within {timeout:g} s "
+        f"({type(exc).__name__}: {exc}). If you did not start this script with torchrun, remove these variables "
+        "from the environment (for example `del os.environ['RANK']`) and run it again: labsupport.run then starts "
+        "its own workers."
+    )
+

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 import labsupport
-from labsupport import _board, _callboard, _pool, _worker, launch, magics
+from labsupport import _board, _call, _callboard, _env, _pool, _worker, launch, magics
 
 #: What the issue promises: a failure reaches the caller within this many seconds of happening.
 FAILURE_LATENCY = 2.0
@@ -274,7 +274,7 @@ def test_results_in_rank_order_with_torchrun_environment(world_size):
         assert env["WORLD_SIZE"] == env["LOCAL_WORLD_SIZE"] == str(world_size)
         assert env["MASTER_ADDR"] == "127.0.0.1" and int(env["MASTER_PORT"]) > 0
         assert r["device"] == "cpu"
-        assert r["threads"] == max(1, launch._cores() // world_size)
+        assert r["threads"] == max(1, _pool._cores() // world_size)
 
 
 def test_function_defined_at_run_time_and_closure():
@@ -364,7 +364,7 @@ def test_prints_reach_the_notebook_as_they_happen(monkeypatch):
 
 
 def test_partial_lines_are_kept_per_stream_and_capped(capsys):
-    call = launch._Call(launch._POOL, 2, "gloo", 1.0)
+    call = _call._Call(launch._POOL, 2, "gloo", 1.0)
     call._emit(0, "stdout", "progress: ")
     call._emit(0, "stderr", "a warning\n")
     call._emit(0, "stdout", "done\n")
@@ -528,7 +528,7 @@ def test_errors_survive_pickling():
 def test_failure_while_initialising_the_process_group_says_so():
     payload = cloudpickle.dumps((rank_info, (), {}))
     with launch._POOL.lock, pytest.raises(labsupport.WorkerError) as info:
-        launch._Call(launch._POOL, 2, "mpi", 10.0).run(payload)  # a backend this torch does not have
+        _call._Call(launch._POOL, 2, "mpi", 10.0).run(payload)  # a backend this torch does not have
     assert "while initialising the process group" in str(info.value)
     assert "rank 0 raised RuntimeError" in str(info.value)
 
@@ -662,7 +662,7 @@ def test_call_board_can_be_read_from_the_notebook(tmp_path):
 
 
 def test_a_stack_dump_read_too_early_is_not_taken_for_whole():
-    from labsupport.errors import _dump_complete
+    from labsupport._frames import dump_complete as _dump_complete
 
     dump = (
         "Thread 0x00007f0000000002 (most recent call first):\n"
@@ -688,7 +688,7 @@ def test_task_arriving_while_an_earlier_group_is_still_initialised(monkeypatch):
     def leftovers():
         return dist.get_rank(), _worker.LEFTOVER_GROUPS
 
-    monkeypatch.setattr(launch._Call, "_send_finish", lambda self, workers: None)
+    monkeypatch.setattr(_call._Call, "_send_finish", lambda self, workers: None)
     before = labsupport.run(leftovers, world_size=2)  # its process groups are never destroyed
     monkeypatch.undo()
     after = labsupport.run(leftovers, world_size=2)
@@ -701,7 +701,7 @@ def test_interrupt_after_the_results_leaves_no_process_group(monkeypatch):
 
     labsupport.run(rank_info, world_size=2)
     pids = sorted(w.process.pid for w in launch._POOL.workers.values())
-    monkeypatch.setattr(launch._Call, "_flush_output", interrupted)
+    monkeypatch.setattr(_call._Call, "_flush_output", interrupted)
     with pytest.raises(KeyboardInterrupt):
         labsupport.run(rank_info, world_size=2)
     monkeypatch.undo()
@@ -715,7 +715,7 @@ def test_interrupt_while_sending_finish_replaces_the_workers(monkeypatch):
 
     labsupport.run(rank_info, world_size=2)
     pids = {w.process.pid for w in launch._POOL.workers.values()}
-    monkeypatch.setattr(launch._Call, "_send_finish", interrupted)
+    monkeypatch.setattr(_call._Call, "_send_finish", interrupted)
     with pytest.raises(KeyboardInterrupt):
         labsupport.run(rank_info, world_size=2)
     monkeypatch.undo()
@@ -730,7 +730,7 @@ def test_interrupt_while_workers_start_leaves_no_unready_worker(monkeypatch):
     def interrupted(self, starting):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(launch._Pool, "_await_hello", interrupted)
+    monkeypatch.setattr(_pool._Pool, "_await_hello", interrupted)
     with pytest.raises(KeyboardInterrupt):
         labsupport.run(rank_info, world_size=2)
     monkeypatch.undo()
@@ -785,21 +785,21 @@ def _no_subprocess(*args, **kwargs):
 @pytest.fixture
 def pretend_cuda_build(monkeypatch):
     """A torch built with CUDA whose driver must not be touched in the notebook."""
-    monkeypatch.setattr(launch, "_GPU_COUNTS", {})
+    monkeypatch.setattr(_env, "_GPU_COUNTS", {})
     monkeypatch.setattr(torch.cuda, "_is_compiled", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     monkeypatch.setattr(torch._C, "_cuda_getDeviceCount", _no_driver, raising=False)
-    monkeypatch.setattr(launch.subprocess, "run", _no_subprocess)
+    monkeypatch.setattr(_env.subprocess, "run", _no_subprocess)
     return monkeypatch
 
 
 def test_gpu_count_uses_nvml_and_never_the_driver(pretend_cuda_build):
     pretend_cuda_build.setattr(torch.cuda, "_device_count_nvml", lambda: 2)
-    assert launch._gpu_count() == 2
-    assert launch._resolve_backend("auto", 2) == "nccl"
-    assert launch._resolve_backend("auto", 4) == "gloo"
+    assert _env._gpu_count() == 2
+    assert _env._resolve_backend("auto", 2) == "nccl"
+    assert _env._resolve_backend("auto", 4) == "gloo"
     with pytest.raises(ValueError, match="world_size=4, but this machine has 2 GPU"):
-        launch._resolve_backend("nccl", 4)
+        _env._resolve_backend("nccl", 4)
 
 
 def test_gpu_count_asks_a_separate_process_when_nvml_cannot_tell(pretend_cuda_build):
@@ -811,24 +811,24 @@ def test_gpu_count_asks_a_separate_process_when_nvml_cannot_tell(pretend_cuda_bu
         return subprocess.CompletedProcess(cmd, 0, stdout="3\n", stderr="")
 
     pretend_cuda_build.setattr(torch.cuda, "_device_count_nvml", lambda: -1)
-    pretend_cuda_build.setattr(launch.subprocess, "run", fake_run)
+    pretend_cuda_build.setattr(_env.subprocess, "run", fake_run)
     pretend_cuda_build.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert launch._gpu_count() == 3 and launch._gpu_count() == 3
+    assert _env._gpu_count() == 3 and _env._gpu_count() == 3
     assert len(asked) == 1 and "torch.cuda.device_count()" in asked[0][0][-1]  # asked once, then remembered
-    assert launch._resolve_backend("auto", 2) == "nccl"
+    assert _env._resolve_backend("auto", 2) == "nccl"
     pretend_cuda_build.setenv("CUDA_VISIBLE_DEVICES", "0")  # another set of GPUs: ask again
-    launch._gpu_count()
+    _env._gpu_count()
     assert [env for _, env in asked] == [None, "0"]
 
 
 def test_gpu_count_without_cuda_build_or_with_cuda_in_use(pretend_cuda_build):
     pretend_cuda_build.setattr(torch.cuda, "_device_count_nvml", _no_driver)
     pretend_cuda_build.setattr(torch.cuda, "_is_compiled", lambda: False)
-    assert launch._gpu_count() == 0
+    assert _env._gpu_count() == 0
     pretend_cuda_build.setattr(torch.cuda, "_is_compiled", lambda: True)
     pretend_cuda_build.setattr(torch.cuda, "is_initialized", lambda: True)  # the notebook already uses CUDA
     pretend_cuda_build.setattr(torch.cuda, "device_count", lambda: 5)
-    assert launch._gpu_count() == 5
+    assert _env._gpu_count() == 5
 
 
 def test_choosing_the_backend_never_initialises_cuda_in_the_notebook():
@@ -841,7 +841,7 @@ def test_choosing_the_backend_never_initialises_cuda_in_the_notebook():
 
 
 def test_magic_passes_the_backend_on(monkeypatch, capsys):
-    monkeypatch.setattr(launch, "_gpu_count", lambda: 8)  # "auto" would now choose NCCL
+    monkeypatch.setattr(_env, "_gpu_count", lambda: 8)  # "auto" would now choose NCCL
     magics.distributed("-n 2 --backend gloo", "print(dist.get_backend(), rank, world_size)", {"dist": dist})
     out = capsys.readouterr().out
     assert "[rank 0] gloo 0 2" in out and "[rank 1] gloo 1 2" in out
