@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from .tap import PG_KINDS as _KINDS, POINT_TO_POINT, nbytes_of as _nbytes  # noqa: F401  (torch-free names)
+from ._kinds import PG_KINDS as _KINDS, POINT_TO_POINT, nbytes_of as _nbytes  # noqa: F401  (torch-free names)
 
 __all__ = ["CommCounter", "CommCall", "POINT_TO_POINT"]
 

@@ -240,7 +240,7 @@ class _CollectiveRecorder:
         pass
 
     def exit(self, call) -> None:
-        from .tap import POINT_TO_POINT, nbytes_of
+        from ._kinds import POINT_TO_POINT, nbytes_of
 
         if call.level not in ("pg", "backend") or call.in_comm or call.result is None:
             return

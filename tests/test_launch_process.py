@@ -472,6 +472,7 @@ def test_nothing_left_in_tmp_after_a_killed_kernel_or_a_shutdown(tmp_path):
         assert len(after) == 1 and after[0].startswith(f"labsupport-{pid2}-"), after  # ...until the next kernel did
     finally:
         kc.stop_channels()
+        km.shutdown_wait_time = 60.0  # a loaded machine: give it time rather than let jupyter_client kill it
         km.shutdown_kernel(now=False)  # a normal shutdown, as when the notebook is closed
     deadline = time.monotonic() + 10
     while sorted(os.listdir(tmp)) != before and time.monotonic() < deadline:
