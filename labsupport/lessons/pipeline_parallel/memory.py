@@ -101,7 +101,17 @@ def checkpoint_sweep(num_layers: int = 16, width: int = 256, rows: int = 256, ev
     ``num_layers`` blocks on ``rows`` x ``width`` inputs. Returns dicts with ``k``, ``kept`` (bytes alive after
     forward), ``peak`` (bytes alive at the worst moment, backward included), ``seconds`` (the fastest forward+backward of
     ``repeats`` runs, measured without the meter: other programs only ever add time), ``forward_seconds`` and ``unit`` (bytes of one
-    ``rows x width`` activation). Gradients are allocated beforehand and not counted."""
+    ``rows x width`` activation). Gradients are allocated beforehand and not counted. Runs on one thread (as each
+    worker does): several threads spinning on a busy machine turn milliseconds into seconds."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _sweep(num_layers, width, rows, every, repeats)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _sweep(num_layers, width, rows, every, repeats):
     model = _chain(num_layers, width)
     x = torch.randn(rows, width)
     for p in model.parameters():

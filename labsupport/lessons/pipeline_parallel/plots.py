@@ -78,16 +78,18 @@ def _shade(colour: str, chunk: int) -> str:
     return (1 - (1 - r) * f, 1 - (1 - g) * f, 1 - (1 - b) * f)
 
 
-def plot_schedules(runs: dict, units=None, title: str | None = None):
+def plot_schedules(runs: dict, units=None, title: str | None = None, same_axis: bool = True):
     """Gantt charts, one panel per ``title -> run`` (see the module docstring). ``units``: a dict ``title -> label
     of the time axis`` (default: "time" for simulated runs, "ms" for measured ones, which are shifted to start at 0
-    and drawn in milliseconds). Each panel's title gets its bubble fraction."""
+    and drawn in milliseconds). Each panel's title gets its bubble fraction. ``same_axis``: one time range for
+    every panel, so that their lengths compare."""
     plt = _plt()
     units = units or {}
     panels = list(runs.items())
     heights = [len(r) * 0.55 + 0.9 for _, r in panels]
     fig, axes = plt.subplots(len(panels), 1, figsize=(11, sum(heights) + 0.4), squeeze=False,
                              gridspec_kw={"height_ratios": heights})
+    longest = 0.0
     for ax, (name, run) in zip(axes[:, 0], panels):
         measured = any(run_stage and not isinstance(list(run_stage)[0], (tuple, list)) for run_stage in run)
         spans = _as_spans(run)
@@ -110,9 +112,13 @@ def plot_schedules(runs: dict, units=None, title: str | None = None):
         ax.set_yticks([len(spans) - 1 - s + 0.5 for s in range(len(spans))])
         ax.set_yticklabels([f"stage {s}" for s in range(len(spans))], fontsize=8)
         ax.set_xlim(0, width * 1.01)
+        longest = max(longest, width)
         ax.set_xlabel(units.get(name, "ms (measured)" if measured else "time (simulated units)"), fontsize=8)
         ax.set_title(f"{name}: bubble {100 * bubble:.0f}% of stage time", fontsize=9, loc="left")
         ax.grid(axis="x", alpha=0.3)
+    if same_axis:
+        for ax in axes[:, 0]:
+            ax.set_xlim(0, longest * 1.01)
     from matplotlib.patches import Patch
 
     fig.legend([Patch(color=_F), Patch(color=_B)], ["forward (micro-batch)", "backward (micro-batch)"],
