@@ -35,6 +35,7 @@ import torch
 import torch.nn as nn
 
 from .memory import LiveBytes, checkpoint_sweep, CheckpointedStage
+from .spans import measured_bubble, spans_of
 from .plots import plot_bubble, plot_checkpointing, plot_interleaved, plot_memory, plot_partition, plot_schedules
 from . import interleaved
 
@@ -199,22 +200,3 @@ def pipeline_run(run_pipeline, schedule, layers, num_layers: int = 8, width: int
     return {"events": tl.events, "loss": loss, "compute": timed.compute,
             "peak_bytes": meter.peak if meter else None, "after_bytes": meter.live if meter else None,
             "grads": [p.grad.clone() for p in stage.parameters()]}
-
-
-def spans_of(events) -> list:
-    """A rank's ``"F mb"`` / ``"B mb"`` spans as ``(start, end, op, mb)``, sorted by start."""
-    out = []
-    for e in events:
-        parts = e.name.split()
-        if len(parts) == 2 and parts[0] in ("F", "B"):
-            out.append((e.start, e.end, parts[0], int(parts[1])))
-    return sorted(out)
-
-
-def measured_bubble(events_per_rank) -> float:
-    """1 - (time spent in F/B spans, summed over ranks) / (ranks x (last end - first start))."""
-    spans = [spans_of(evs) for evs in events_per_rank]
-    start = min(s[0][0] for s in spans if s)
-    end = max(s[-1][1] for s in spans if s)
-    work = sum(e - b for rank in spans for b, e, _, _ in rank)
-    return 1.0 - work / (len(spans) * (end - start))

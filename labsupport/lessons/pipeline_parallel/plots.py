@@ -59,7 +59,7 @@ def plot_partition(ranges, title: str = "layers cut into stages"):
 
 def _as_spans(run):
     """Per stage: list of (start, end, op, mb, chunk) from a simulator's busy or from Timeline events."""
-    from . import spans_of
+    from .spans import spans_of
 
     out = []
     for stage in run:
