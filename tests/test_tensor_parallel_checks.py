@@ -402,13 +402,14 @@ def test_column_correct_pass():
     (ColumnKeepsFull, "Largest: full"),
     (ColumnCutGather, "graph was cut"),
     (ColumnNoF, "exactly one all-reduce, f's"),
-    (ColumnWorldGroup, "is not a shard"),
+    (ColumnWorldGroup, ("is not a shard", "not from the whole world")),  # which one: the drawn sizes decide
     (ColumnNoCheck, "did not raise"),
 ])
 def test_column_bugs_fail(impl, expected):
     with pytest.raises(AssertionError) as info:
         check_ColumnParallelLinear(impl)
-    assert expected in str(info.value), str(info.value)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    assert any(e in str(info.value) for e in expected), str(info.value)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -452,7 +453,8 @@ class RowPlainSlice(Row):                   # input_is_parallel=False without th
         if not self.input_is_parallel:
             t, r = tp(self.group)
             x = x.chunk(t, -1)[r]
-        return super().forward(x) if self.input_is_parallel else reduce_ok(F.linear(x, self.weight), self.group) + self.bias
+        return super().forward(x) if self.input_is_parallel else reduce_ok(F.linear(x, self.weight, None),
+                                                                               self.group) + (self.bias if self.bias is not None else 0)
 
 
 def test_row_correct_pass():
@@ -461,7 +463,7 @@ def test_row_correct_pass():
 
 
 @pytest.mark.parametrize("impl, expected", [
-    (RowBiasEverywhere, "extra copies of the bias"),
+    (RowBiasEverywhere, "of the bias: every rank added the bias before the sum"),
     (RowBiasOnRankZero, "not used on this rank"),
     (RowReduceBoth, "g is the identity"),
     (RowInterleaved, "(interleaved)"),
@@ -511,9 +513,9 @@ def test_mlp_correct_pass():
 
 @pytest.mark.parametrize("impl, expected", [
     (MLPswapped, "f and g swapped"),
-    (MLPbiasEverywhere, "extra copies of the output bias"),
+    (MLPbiasEverywhere, "of the output bias: add the row-parallel bias once"),
     (MLPkeepsFull, "holds the full weight"),
-    (MLPreduceBoth, "Backward of a MLP block"),
+    (MLPreduceBoth, "Backward of the MLP block"),
 ])
 def test_mlp_bugs_fail(impl, expected):
     with pytest.raises(AssertionError) as info:

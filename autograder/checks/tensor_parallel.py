@@ -147,6 +147,21 @@ def _comm_failure(calls, expected, ranks, t, where, hint=""):
     return None
 
 
+def _build(label, from_dense, dense, t, **kwargs):
+    """Call the student's from_dense; a ValueError on sizes that do divide by t gets a hint about the group."""
+    try:
+        return from_dense(dense, **kwargs)
+    except ValueError as exc:
+        raise AssertionError(
+            f"{label} raised ValueError: {exc}, but every size here divides by t = {t}, the number of ranks in "
+            "`group`: take t and r from the group (dist.get_world_size(group), dist.get_rank(group)), not from the "
+            "whole world.") from None
+    except (NotImplementedError, AssertionError):
+        raise
+    except Exception as exc:
+        raise AssertionError(f"{label} raised {type(exc).__name__}: {exc}") from None
+
+
 def _value_error(build, size_name: str, size: int, t: int, what: str):
     """``build()`` must raise ValueError whose message names the size and t."""
     try:
@@ -414,7 +429,7 @@ def _dims(seed, tp):
 def _probe_column(tp, cls, seed):
     group, ranks, t, r = _tp_group(tp)
     b, s, rng = _dims(seed, tp)
-    fin, fout, bias = rng.randint(3, 9), t * rng.randint(2, 4), rng.random() < 0.8
+    fin, fout, bias = rng.randint(3, 9), t * rng.randint(2, 4), tp != 3   # no bias on 3 ranks
     dense = _dense(seed, lambda: nn.Linear(fin, fout, bias=bias))
     X, G = _randn(seed + 1, b, s, fin), _randn(seed + 2, b, s, fout)
     Y, XG = _dense_run(dense, X, G)
@@ -424,7 +439,7 @@ def _probe_column(tp, cls, seed):
     for gather in (False, True):
         label = f"ColumnParallelLinear.from_dense(nn.Linear({fin}, {fout}, bias={bias}), group, gather_output={gather})"
         before = _snapshot(dense)
-        module = _call(label, cls.from_dense, dense, group=group, gather_output=gather)
+        module = _build(label, cls.from_dense, dense, t, group=group, gather_output=gather)
         x = X.clone().requires_grad_()
         want = Y if gather else Y.chunk(t, -1)[r]
 
@@ -467,7 +482,7 @@ def _probe_column(tp, cls, seed):
 def _probe_row(tp, cls, seed):
     group, ranks, t, r = _tp_group(tp)
     b, s, rng = _dims(seed, tp)
-    fin, fout, bias = t * rng.randint(2, 4), rng.randint(3, 9), rng.random() < 0.8
+    fin, fout, bias = t * rng.randint(2, 4), rng.randint(3, 9), tp != 3   # no bias on 3 ranks
     dense = _dense(seed, lambda: nn.Linear(fin, fout, bias=bias))
     X, G = _randn(seed + 1, b, s, fin), _randn(seed + 2, b, s, fout)
     Y, XG = _dense_run(dense, X, G)
@@ -478,13 +493,13 @@ def _probe_row(tp, cls, seed):
         label = (f"RowParallelLinear.from_dense(nn.Linear({fin}, {fout}, bias={bias}), group, "
                  f"input_is_parallel={parallel})")
         before = _snapshot(dense)
-        module = _call(label, cls.from_dense, dense, group=group, input_is_parallel=parallel)
+        module = _build(label, cls.from_dense, dense, t, group=group, input_is_parallel=parallel)
         x = (X.chunk(t, -1)[r] if parallel else X).clone().requires_grad_()
         want_xgrad = XG.chunk(t, -1)[r] if parallel else XG
 
         def out_cause(got):
             if bias and t > 1 and _close(got, Y + (t - 1) * dense.bias.detach()):
-                return (f"It is the expected output plus {t - 1} extra copies of the bias: every rank added the bias "
+                return (f"It is the expected output plus {t - 1} extra cop{'y' if t == 2 else 'ies'} of the bias: every rank added the bias "
                         "before the sum. Add it once, after the reduction.")
             if t > 1 and got.shape == Y.shape:
                 partial = X.chunk(t, -1)[r] @ Wr.T + (dense.bias.detach() if bias else 0)
@@ -543,9 +558,9 @@ def check_RowParallelLinear(RowParallelLinear) -> None:
 
 def _block_hints(name):
     return dict(
-        fwd_hint=(f"Forward of a {name} block: exactly one all-reduce (g, after the row-parallel layer) of b*s*h "
+        fwd_hint=(f"Forward of the {name} block: exactly one all-reduce (g, after the row-parallel layer) of b*s*h "
                   "elements, nothing between the two layers."),
-        bwd_hint=(f"Backward of a {name} block: exactly one all-reduce (f, before the column-parallel layer(s)) of "
+        bwd_hint=(f"Backward of the {name} block: exactly one all-reduce (f, before the column-parallel layer(s)) of "
                   "b*s*h elements: apply copy_to_tp once to the block's input, even when several projections read it."),
         scaled_hint="g must be the identity in backward.",
     )
@@ -554,7 +569,7 @@ def _block_hints(name):
 def _bias_cause(Y, bias, t):
     def cause(got):
         if t > 1 and _close(got, Y + (t - 1) * bias):
-            return (f"It is the expected output plus {t - 1} extra copies of the output bias: add the row-parallel "
+            return (f"It is the expected output plus {t - 1} extra cop{'y' if t == 2 else 'ies'} of the output bias: add the row-parallel "
                     "bias once, after the reduction, not on every rank before it.")
         return ""
     return cause
@@ -572,7 +587,7 @@ def _probe_mlp(tp, cls, seed):
     shards = _col_shards("fc1", dense.fc1, t, r) + _row_shards("fc2", dense.fc2, t, r)
     label = f"ParallelMLP.from_dense(MLP({h}), group)"
     before = _snapshot(dense)
-    module = _call(label, cls.from_dense, dense, group=group)
+    module = _build(label, cls.from_dense, dense, t, group=group)
     bias_cause = _bias_cause(Y, dense.fc2.bias.detach(), t)
     fc1, fc2 = dense.fc1, dense.fc2
     swapped = F.linear(F.gelu(F.linear(t * X, fc1.weight.chunk(t, 0)[r], fc1.bias.chunk(t)[r])),
@@ -603,7 +618,7 @@ def _probe_attention(tp, cls, seed):
 
     group, ranks, t, r = _tp_group(tp)
     b, s, rng = _dims(seed, tp)
-    heads, head_dim = t * rng.randint(1, 2), rng.choice((2, 3, 4))
+    heads, head_dim = t * rng.choice((2, 3)), rng.choice((2, 3, 4))   # >= 2 heads per rank: interleaving shows
     hidden = heads * head_dim
     dense = _dense(seed, lambda: SelfAttention(hidden, heads))
     X, G = _randn(seed + 1, b, s, hidden), _randn(seed + 2, b, s, hidden)
@@ -620,7 +635,7 @@ def _probe_attention(tp, cls, seed):
     shards += _row_shards("out_proj", dense.out_proj, t, r)
     label = f"ParallelAttention.from_dense(SelfAttention({hidden}, num_heads={heads}), group)"
     before = _snapshot(dense)
-    module = _call(label, cls.from_dense, dense, group=group)
+    module = _build(label, cls.from_dense, dense, t, group=group)
     failure = _exercise(label, module, dense, before, X.clone().requires_grad_(), G, Y, XG, shards,
                         [({"all_reduce"}, b * s * hidden * 4)], [({"all_reduce"}, b * s * hidden * 4)], ranks, t, r,
                         out_cause=_bias_cause(Y, dense.out_proj.bias.detach(), t), **_block_hints("attention"))

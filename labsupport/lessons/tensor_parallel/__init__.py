@@ -107,7 +107,7 @@ class TensorBytes:
 
     def largest(self, n: int = 3) -> str:
         top = sorted(self.items, key=lambda item: -item[2])[:n]
-        return ", ".join(f"{where} {tuple(shape)} ({nbytes} B)" for where, shape, nbytes in top)
+        return ", ".join(f"{where} {tuple(shape)} (storage {nbytes} B)" for where, shape, nbytes in top)
 
 
 def _tensors_in(value, where: str, depth: int = 0):
