@@ -3,7 +3,7 @@
 The implementations are written the way a student might write them. Correct alternatives: the notebook's (an
 autograd Function that all-gathers forward and reduce-scatters backward, storage freed with ``resize_(0)``, regathered
 from a hook on the unit's output), the list forms of the collectives, a ``register_full_backward_pre_hook``
-for the regather, saved-tensor hooks that save a handle instead of the gathered weight (nothing to free), and a
+for the regather, the gathered flat parameter as a leaf with a post-accumulate-grad hook (no custom Function), saved-tensor hooks that save a handle instead of the gathered weight (nothing to free), and a
 prefetching one (the stretch). Bugs: gathered parameters never freed, references dropped but the storage kept alive
 by autograd (so no re-gather in backward), an all-reduce instead of a reduce-scatter, shards without padding,
 gradients summed instead of averaged, a frozen parameter trained, plain replicated DDP, and a replicated DDP dressed
@@ -139,6 +139,26 @@ class FSDPBackwardPreHook(FSDPOk):
         owner.register_forward_pre_hook(lambda mod, args: self.before_forward(unit))
         owner.register_forward_hook(lambda mod, args, out: self.free(unit))
         owner.register_full_backward_pre_hook(lambda mod, grad_out: self.regather(unit))
+
+
+class FSDPLeafWithGradHook(FSDPOk):
+    """Correct: the gathered flat parameter is a leaf of the graph; a post-accumulate-grad hook on it reduce-scatters
+    its gradient into shard.grad (accumulating) and frees it. No custom autograd Function."""
+
+    def before_forward(self, unit):
+        full = torch.empty(unit["shard"].numel() * self.world)
+        self.all_gather(full, unit["shard"].detach())
+        full.requires_grad_()
+        full.register_post_accumulate_grad_hook(lambda leaf: self.after_backward(unit, leaf))
+        unit["full"] = full
+        self.set_views(unit, full)
+
+    def after_backward(self, unit, leaf):
+        grad = self.grad_shard(unit, leaf.grad)
+        leaf.grad = None
+        shard = unit["shard"]
+        shard.grad = grad if shard.grad is None else shard.grad + grad
+        self.free(unit)
 
 
 class FSDPSavedTensorHooks(FSDPOk):
@@ -293,8 +313,8 @@ class ReplicatedWithShards(FSDPOk):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("impl", [FSDPOk, FSDPListCollectives, FSDPBackwardPreHook, FSDPSavedTensorHooks,
-                                  FSDPPrefetch])
+@pytest.mark.parametrize("impl", [FSDPOk, FSDPListCollectives, FSDPBackwardPreHook, FSDPLeafWithGradHook,
+                                  FSDPSavedTensorHooks, FSDPPrefetch])
 def test_correct_implementations_pass(impl):
     check_MiniFSDP(impl)
 
