@@ -391,6 +391,49 @@ class ColumnNoCheck(Column):
         return cls(*cls.shard(linear, t, r), group, gather_output)
 
 
+class ColumnVagueError(Column):
+    @classmethod
+    def from_dense(cls, linear, group=None, gather_output=False):
+        t, r = tp(group)
+        if linear.out_features % t:
+            raise ValueError("bad size")
+        return cls(*cls.shard(linear, t, r), group, gather_output)
+
+
+class ColumnWrongRank(Column):
+    @classmethod
+    def shard(cls, linear, t, r):
+        return super().shard(linear, t, (r + 1) % t)
+
+
+class ColumnBiasNotParameter(Column):
+    def __init__(self, w, b, group, gather_output):
+        super().__init__(w, None, group, gather_output)
+        self.bias = b                                  # a plain tensor: no gradient, not trained
+
+
+class ColumnScalesDense(Column):                       # writes into the dense layer
+    @classmethod
+    def from_dense(cls, linear, group=None, gather_output=False):
+        with torch.no_grad():
+            linear.weight.mul_(1.0)
+            linear.weight[0, 0] += 1.0
+        return super().from_dense(linear, group, gather_output)
+
+
+class ColumnInPlaceInput(Column):
+    def forward(self, x):
+        with torch.no_grad():
+            x.mul_(1.0).add_(0.0 if x.numel() == 0 else 1e-3)
+        return super().forward(x)
+
+
+class ColumnReturnsList(Column):
+    @classmethod
+    def from_dense(cls, linear, group=None, gather_output=False):
+        return [super().from_dense(linear, group, gather_output)]
+
+
 def test_column_correct_pass():
     check_ColumnParallelLinear(Column)
     check_ColumnParallelLinear(ColumnIntoTensor)
@@ -404,6 +447,12 @@ def test_column_correct_pass():
     (ColumnNoF, "exactly one all-reduce, f's"),
     (ColumnWorldGroup, ("is not a shard", "not from the whole world")),  # which one: the drawn sizes decide
     (ColumnNoCheck, "did not raise"),
+    (ColumnVagueError, "should name the size"),
+    (ColumnWrongRank, "rank 1's rows"),
+    (ColumnBiasNotParameter, "no parameter holds linear.bias"),
+    (ColumnScalesDense, "changed the dense module's weight"),
+    (ColumnInPlaceInput, "changed its input in place"),
+    (ColumnReturnsList, "expected an nn.Module"),
 ])
 def test_column_bugs_fail(impl, expected):
     with pytest.raises(AssertionError) as info:
