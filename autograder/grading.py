@@ -102,6 +102,7 @@ def _failed(task: Task, reason: str) -> Result:
 
 
 _MAX_POINTS: dict[str, float] = {}
+_WEIGHTS: dict[str, int] = {}   # assignment -> a guess of how long it takes to grade (its source's code size)
 
 
 def _pool_round(indices, tasks, jobs, initargs, on_result) -> list[int]:
@@ -110,7 +111,10 @@ def _pool_round(indices, tasks, jobs, initargs, on_result) -> list[int]:
     workers = max(1, min(jobs, len(indices)))
     pool = cf.ProcessPoolExecutor(workers, mp_context=_context(), initializer=init_worker, initargs=initargs)
     try:
-        futures = {pool.submit(run_task, i, tasks[i]): i for i in indices}
+        # heaviest first (longest-processing-time order), so that the last notebook to finish is a short one and
+        # no grading process sits idle for long at the end; a missing notebook costs nothing
+        order = sorted(indices, key=lambda i: -_WEIGHTS.get(tasks[i].assignment, 0) if tasks[i].notebook else 1)
+        futures = {pool.submit(run_task, i, tasks[i]): i for i in order}
         for fut in cf.as_completed(futures):
             i = futures[fut]
             try:
@@ -254,6 +258,7 @@ def grade(submissions, course: Course, assignment: str | None = None, jobs: int 
         phases = {"template": time.monotonic() - started}
         for aid in assignments:
             _MAX_POINTS[aid] = max_points(template / RELEASE / aid / f"{aid}.ipynb")
+            _WEIGHTS[aid] = course.source_notebook(aid).stat().st_size
         progress = Progress(len(tasks), "grading")
         initargs = (str(template), tmp, str(out), cell_timeout, str(course.root))
         results = _run_pool(tasks, jobs, initargs, progress)

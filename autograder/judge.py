@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ast
 import json
+import linecache
 import os
 import secrets
 import subprocess
@@ -468,6 +469,31 @@ def _stand_in(fn, timeout: float):
     return call
 
 
+STUDENT_FILE = "<student code: "
+
+
+class StudentCodeInJudge(RuntimeError):
+    """Raised where the judge's own process was about to run a line a student wrote."""
+
+
+class _Guard:
+    """A trace function for the judge's process while hidden tests run: any frame of student code (a method of a
+    student's class called by a check, an object's ``__eq__`` or ``__setstate__``) is stopped before its first line,
+    and recorded. Student functions never get here: their stand-ins run them on a worker."""
+
+    def __init__(self, record: list):
+        self.record = record
+
+    def __call__(self, frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(STUDENT_FILE):
+            where = f"{frame.f_code.co_name} ({frame.f_code.co_filename[len(STUDENT_FILE):-1]})"
+            if where not in self.record:
+                self.record.append(where)
+            raise StudentCodeInJudge(f"the check called {where}, student code, in the grader's own process; "
+                                     "student code runs only on workers there")
+        return None
+
+
 def _message(exc: BaseException) -> str:
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
@@ -529,7 +555,9 @@ def main() -> int:
                     defined.add(stmt.name)
                 elif isinstance(stmt, (ast.ClassDef, ast.Assign)):
                     defined.discard(getattr(stmt, "name", None))
-            exec(compile(tree, f"<{cell['label']}>", "exec"), shell.user_ns)  # definitions only (see above)
+            filename = f"{STUDENT_FILE}{cell['label']}>"
+            linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+            exec(compile(tree, filename, "exec"), shell.user_ns)  # definitions only (see above)
         except BaseException as exc:  # noqa: BLE001
             report["skipped"].append(f"{cell['label']}: its definitions raised {_message(exc)}")
     if labsupport is not None:
@@ -537,8 +565,14 @@ def main() -> int:
             fn = shell.user_ns.get(name)
             if callable(fn) and getattr(fn, "__module__", None) == shell.user_ns.get("__name__"):
                 shell.user_ns[name] = _stand_in(fn, float(spec.get("timeout", 60)))
+    report["in_process"] = []
+    guard = _Guard(report["in_process"])
     for test in spec["tests"]:
-        err = run(test["source"])
+        sys.settrace(guard)
+        try:
+            err = run(test["source"])
+        finally:
+            sys.settrace(None)
         report["tests"][test["grade_id"]] = {"passed": err is None,
                                              "message": None if err is None else _message(err)[:1000]}
     report["seconds"] = round(time.monotonic() - started, 2)

@@ -361,6 +361,9 @@ def _judged(outcomes: list, judge, result: Result, secret) -> list:
         judged.append(o)
     if report.get("error"):
         result.flags.append(f"judge: {report['error']}")
+    if report.get("in_process"):
+        result.flags.append("judge: a check was about to run student code in the grader's own process (stopped): "
+                            + ", ".join(report["in_process"])[:300])
     if disagree:
         result.flags.append("hidden tests: the kernel's run and the judge's differ on " + ", ".join(disagree))
         skipped = [s for s in report.get("skipped", []) if "`" in s]

@@ -196,3 +196,30 @@ def test_judge_passes_every_solution(path, tmp_path):
     assert not failed, (failed, report.get("skipped"), report.get("setup_errors"))
     graded = [c for c in source.cells if c.metadata.get("nbgrader", {}).get("grade")]
     assert len(report["tests"]) == len(graded)
+
+
+def test_student_code_never_runs_in_the_judges_process(tmp_path):
+    """A check that would call a student's method in the judge's process (here: a hidden test comparing with the
+    student's object, whose ``__eq__`` always says yes) is stopped there; a student function called from the test
+    runs on a worker and only plain data comes back."""
+    from autograder.judge import Judge
+
+    student = [{"label": "answer", "source": (
+        "class Always:\n    def __eq__(self, other):\n        return True\n\n"
+        "def make():\n    return Always()\n\n"
+        "def where():\n    import os\n    return os.getpid()\n\n"
+        "def ok(xs):\n    xs.append(3)\n    return sum(xs)\n")}]
+    tests = [
+        {"grade_id": "t_eq", "source": "assert Always() == 42"},
+        {"grade_id": "t_make", "source": "assert make() == 42"},
+        {"grade_id": "t_where", "source": "import os\nassert where() != os.getpid()"},
+        {"grade_id": "t_ok", "source": "v = [1, 2]\nassert ok(v) == 6 and v == [1, 2, 3], v"},
+    ]
+    judge = Judge(str(REPO), tmp_path)
+    judge.start({"setup": ["import labsupport"], "student": student, "tests": tests, "timeout": 60})
+    report = judge.result(300)
+    verdicts = {gid: v["passed"] for gid, v in report["tests"].items()}
+    assert verdicts == {"t_eq": False, "t_make": False, "t_where": True, "t_ok": True}, report
+    assert "student code" in report["tests"]["t_eq"]["message"]
+    assert "plain values" in report["tests"]["t_make"]["message"]
+    assert report["in_process"] == ["__eq__ (answer)"], report
