@@ -134,6 +134,8 @@ def _comm_text(call) -> str:
 class _CallBoard:
     """The tap's observer that keeps this worker's board up to date: the outermost call of the main thread."""
 
+    nested = False  # calls made inside another one never reach the board
+
     def __init__(self, board: _Board, main_ident: int):
         self.board = board
         self.main_ident = main_ident

@@ -79,7 +79,21 @@ def nbytes_of(obj) -> int:
     return 0
 
 
+_RANKS: dict = {}  # id(group) -> (group, its global ranks): asking torch costs tens of microseconds per call
+
+
 def _group_ranks(pg) -> tuple:
+    cached = _RANKS.get(id(pg))
+    if cached is not None and cached[0] is pg:
+        return cached[1]
+    ranks = _find_group_ranks(pg)
+    if len(_RANKS) > 64:  # each call of labsupport.run makes new groups: forget the old ones
+        _RANKS.clear()
+    _RANKS[id(pg)] = (pg, ranks)
+    return ranks
+
+
+def _find_group_ranks(pg) -> tuple:
     import torch.distributed as dist
 
     try:

@@ -18,8 +18,8 @@ What is intercepted, at five levels (``Call.level``):
   caller goes through: the function pointer (``_op``) of each op packet and of its overloads. The op objects
   themselves stay the same, so ``CommDebugMode`` and dispatch modes still recognise them.
 
-Calls nest (``dist.all_reduce`` -> ``ProcessGroup.allreduce`` -> ``Work.wait``): ``Call.outer`` is the call that
-encloses this one on the same thread, ``Call.in_comm`` says whether a communication-level call (pg, backend,
+Calls nest (``dist.all_reduce`` -> ``ProcessGroup.allreduce`` -> ``Work.wait``): ``Call.outer`` is what
+encloses this one on the same thread (``None`` for an outermost call), ``Call.in_comm`` says whether a communication-level call (pg, backend,
 functional) encloses it. A counter records the outermost communication call (``is_comm and not in_comm``); the
 call board posts the outermost call of all. ``Call.kind``, ``peer``, ``group`` and ``nbytes`` describe a
 communication call as ``CommCounter`` reports it (computed on first use).
@@ -41,6 +41,7 @@ __all__ = ["Call", "subscribe", "unsubscribe", "observers", "install", "POINT_TO
 COMM_LEVELS = frozenset({"pg", "backend", "functional"})
 
 _OBSERVERS: tuple = ()
+_NESTED_OBSERVERS: tuple = ()  # the observers that look at calls made inside another intercepted call
 _LOCK = threading.RLock()
 _local = threading.local()
 _installed = False
@@ -110,21 +111,29 @@ class Call:
 
 
 def subscribe(observer) -> None:
-    """Start calling ``observer.enter(call)`` and ``observer.exit(call)`` around every intercepted call."""
-    global _OBSERVERS
+    """Start calling ``observer.enter(call)`` and ``observer.exit(call)`` around every intercepted call.
+
+    An observer with ``nested = False`` only looks at outermost calls (``call.outer is None``): the tap then skips
+    the calls made inside another one for it, which keeps a rank with only such observers fast.
+    """
     install()
     with _LOCK:
-        _OBSERVERS = _OBSERVERS + (observer,)
+        _set(_OBSERVERS + (observer,))
 
 
 def unsubscribe(observer) -> None:
     """Stop notifying ``observer`` (calls already entered still get their ``exit``)."""
-    global _OBSERVERS
     with _LOCK:
         rest = list(_OBSERVERS)
         if observer in rest:
             rest.remove(observer)
-        _OBSERVERS = tuple(rest)
+        _set(tuple(rest))
+
+
+def _set(everyone: tuple) -> None:
+    global _OBSERVERS, _NESTED_OBSERVERS
+    _NESTED_OBSERVERS = tuple(o for o in everyone if getattr(o, "nested", True))
+    _OBSERVERS = everyone
 
 
 def observers() -> tuple:
@@ -141,12 +150,29 @@ def current() -> Call | None:
 # the wrappers
 
 
+class _Nested:
+    """What the stack holds for a nested call that no observer looks at: enough for the calls inside it."""
+
+    __slots__ = ("level", "in_comm")
+
+    def __init__(self, level, outer):
+        self.level = level
+        self.in_comm = outer.level in COMM_LEVELS or outer.in_comm
+
+
 def _intercept(level: str, name: str, fn, args, kwargs, target=None):
     stack = getattr(_local, "stack", None)
     if stack is None:
         stack = _local.stack = []
-    watching = _OBSERVERS
-    call = Call(level, name, args if target is None else args[1:], kwargs, target, stack[-1] if stack else None)
+    outer = stack[-1] if stack else None
+    watching = _OBSERVERS if outer is None else _NESTED_OBSERVERS
+    if not watching:  # e.g. the process-group call inside dist.all_reduce, when only the call board listens
+        stack.append(_Nested(level, outer))
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            stack.pop()
+    call = Call(level, name, args if target is None else args[1:], kwargs, target, outer)
     entered = []
     try:
         for obs in watching:

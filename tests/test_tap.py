@@ -209,3 +209,34 @@ def test_describing_calls_outside_any_worker_needs_no_process_group():
     assert inner.is_comm and not inner.in_comm and inner.nbytes == 8
     innermost = tap.Call("wait", "wait", (), {}, None, inner)
     assert innermost.in_comm and isinstance(CommSummary(rank=0).calls, list)
+
+
+class _Seen:
+    def __init__(self, nested):
+        self.nested, self.calls = nested, []
+
+    def enter(self, call):
+        self.calls.append((call.level, call.name, call.outer is None, call.in_comm))
+
+    def exit(self, call):
+        pass
+
+
+def outermost_and_nested():
+    outer_only, everything = _Seen(nested=False), _Seen(nested=True)
+    for obs in (outer_only, everything):
+        tap.subscribe(obs)
+    try:
+        dist.all_reduce(torch.ones(2))
+    finally:
+        for obs in (outer_only, everything):
+            tap.unsubscribe(obs)
+    return outer_only.calls, everything.calls
+
+
+def test_observers_of_outermost_calls_only_skip_the_nested_ones():
+    for outer_only, everything in labsupport.run(outermost_and_nested, world_size=2):
+        assert outer_only == [("api", "all_reduce", True, False)]
+        # dist.all_reduce calls the process group, then waits on the Work it returned: both inside the API call
+        assert everything == [("api", "all_reduce", True, False), ("pg", "allreduce", False, False),
+                              ("wait", "wait", False, False)]
