@@ -110,7 +110,7 @@ class WorkerError(_Rendered, RuntimeError):
         exc_message: its message.
         worker_traceback: its traceback as text, with source lines from the notebook.
         exitcode: the exit code of a rank that died (negative: killed by that signal), else ``None``.
-        failures: a dict per failed rank with the same fields.
+        failures: a ``Failure`` per failed rank with the same fields (read like a dict: ``f["rank"]``).
         exception: the exception ``rank`` raised, rebuilt in the notebook (``None`` when it could not be).
 
     Example::
