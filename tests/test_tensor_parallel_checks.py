@@ -344,7 +344,8 @@ class ColumnIntoTensor(Column):
 class ColumnInterleaved(Column):
     @classmethod
     def shard(cls, linear, t, r):
-        return linear.weight.detach()[r::t].clone(), linear.bias.detach()[r::t].clone() if linear.bias is not None else None
+        b = None if linear.bias is None else linear.bias.detach()[r::t].clone()
+        return linear.weight.detach()[r::t].clone(), b
 
 
 class ColumnView(Column):                   # no clone: the shard is a view that keeps the whole weight alive
@@ -502,8 +503,10 @@ class RowPlainSlice(Row):                   # input_is_parallel=False without th
         if not self.input_is_parallel:
             t, r = tp(self.group)
             x = x.chunk(t, -1)[r]
-        return super().forward(x) if self.input_is_parallel else reduce_ok(F.linear(x, self.weight, None),
-                                                                               self.group) + (self.bias if self.bias is not None else 0)
+        if self.input_is_parallel:
+            return super().forward(x)
+        y = reduce_ok(F.linear(x, self.weight), self.group)
+        return y if self.bias is None else y + self.bias
 
 
 def test_row_correct_pass():

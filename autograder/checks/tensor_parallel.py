@@ -236,8 +236,9 @@ def _match(module, shards, where):
             for s in shards:
                 for value, text in s.wrong:
                     if value.shape == p.shape and torch.equal(value, p.detach()):
-                        return None, (f"{where}: parameter '{name}' holds {text} of the dense {s.label.split('.chunk')[0]}"
-                                      f", expected {s.label} (a contiguous block: use .chunk(t, dim)[rank]).")
+                        dense_name = s.label.split(".chunk")[0]
+                        return None, (f"{where}: parameter '{name}' holds {text} of the dense {dense_name}, expected "
+                                      f"{s.label} (a contiguous block: use .chunk(t, dim)[rank]).")
             expected = "; ".join(f"{s.label} {tuple(s.value.shape)}" for s in shards)
             return None, (f"{where}: parameter '{name}' {tuple(p.shape)} is not a shard of the dense layer this rank "
                           f"should hold. Expected parameters equal to: {expected}.")
@@ -275,7 +276,8 @@ def _grad_failure(pairs, t, where, hint_scaled=""):
             continue
         cause = ""
         if t > 1 and _close(p.grad, s.grad * t):
-            cause = f" It is {t} x the expected gradient: a gradient was all-reduced where it should not be. {hint_scaled}"
+            cause = (f" It is {t} x the expected gradient: a gradient was all-reduced where it should not be. "
+                     f"{hint_scaled}")
         return f"{where}: gradient of '{name}' ({s.label}) is {short(p.grad)}, expected {short(s.grad)}.{cause}"
     return None
 
@@ -435,7 +437,7 @@ def _probe_column(tp, cls, seed):
     Y, XG = _dense_run(dense, X, G)
     shards = _col_shards("linear", dense, t, r)
     pinned = {"weight": shards[0], "bias": shards[1] if bias else None}
-    W, Wr = dense.weight.detach(), dense.weight.detach().chunk(t, 0)[r]
+    Wr = dense.weight.detach().chunk(t, 0)[r]
     for gather in (False, True):
         label = f"ColumnParallelLinear.from_dense(nn.Linear({fin}, {fout}, bias={bias}), group, gather_output={gather})"
         before = _snapshot(dense)
@@ -499,8 +501,9 @@ def _probe_row(tp, cls, seed):
 
         def out_cause(got):
             if bias and t > 1 and _close(got, Y + (t - 1) * dense.bias.detach()):
-                return (f"It is the expected output plus {t - 1} extra cop{'y' if t == 2 else 'ies'} of the bias: every rank added the bias "
-                        "before the sum. Add it once, after the reduction.")
+                copies = f"{t - 1} extra cop{'y' if t == 2 else 'ies'}"
+                return (f"It is the expected output plus {copies} of the bias: every rank added the bias before the "
+                        "sum. Add it once, after the reduction.")
             if t > 1 and got.shape == Y.shape:
                 partial = X.chunk(t, -1)[r] @ Wr.T + (dense.bias.detach() if bias else 0)
                 if _close(got, partial):
@@ -569,8 +572,9 @@ def _block_hints(name):
 def _bias_cause(Y, bias, t):
     def cause(got):
         if t > 1 and _close(got, Y + (t - 1) * bias):
-            return (f"It is the expected output plus {t - 1} extra cop{'y' if t == 2 else 'ies'} of the output bias: add the row-parallel "
-                    "bias once, after the reduction, not on every rank before it.")
+            copies = f"{t - 1} extra cop{'y' if t == 2 else 'ies'}"
+            return (f"It is the expected output plus {copies} of the output bias: add the row-parallel bias once, "
+                    "after the reduction, not on every rank before it.")
         return ""
     return cause
 
