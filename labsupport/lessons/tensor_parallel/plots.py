@@ -114,6 +114,7 @@ def plot_memory(ts, measured, dense_bytes: float, weights_only=None):
     ax.set_xlabel("tensor-parallel size t")
     ax.set_ylabel("KiB per rank")
     ax.set_xticks(ts)
+    ax.set_ylim(bottom=0)
     ax.set_title("parameter memory per rank")
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -121,7 +122,7 @@ def plot_memory(ts, measured, dense_bytes: float, weights_only=None):
 
 
 def plot_volume(ts, measured, formula, labels=("measured (recorded collectives, ring cost)",
-                                               "Narayanan et al. 2021: 8bsh(t-1)/t")):
+                                               "Narayanan et al. 2021: 8bsh(t-1)/t elements")):
     """Bytes sent per rank per layer: what was recorded (converted with ring costs) against the formula."""
     import matplotlib.pyplot as plt
 
