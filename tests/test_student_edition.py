@@ -157,6 +157,13 @@ def test_the_leak_test_finds_a_planted_answer(edition, tmp_path):
     assert any("helpers_extra.py" in leak for leak in leaks), leaks
 
 
+#: The development environment has the repository installed in editable mode: its import hook would find
+#: ``autograder.checks`` of the repository below the edition's ``autograder``. A student's environment has no such
+#: hook; the code run in the edition drops it first.
+NO_EDITABLE_FINDER = ("import sys\n"
+                      "sys.meta_path[:] = [f for f in sys.meta_path if '__editable__' not in getattr(f, '__module__', '')]\n")
+
+
 def _edition_env(edition: Path) -> dict:
     env = dict(os.environ, PYTHONPATH=str(edition), LABSUPPORT_GRADING="1", MPLBACKEND="Agg")
     return env
@@ -171,7 +178,7 @@ def test_release_runs_to_its_not_implemented_errors(edition, aid):
     path = edition / "notebooks" / aid / f"{aid}.ipynb"
     nb = nbformat.read(path, as_version=4)
     probe = nbformat.v4.new_code_cell(
-        "import importlib.util, labsupport, autograder\n"
+        NO_EDITABLE_FINDER + "import importlib.util, labsupport, autograder\n"
         f"assert labsupport.__file__.startswith({str(edition)!r}), labsupport.__file__\n"
         f"assert autograder.__file__.startswith({str(edition)!r}), autograder.__file__\n"
         "assert importlib.util.find_spec('autograder.checks') is None\n")
@@ -208,7 +215,7 @@ def test_pip_install_of_the_edition(edition, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--quiet",
                            "--target", str(target), str(edition)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    code = ("import importlib.util, labsupport, autograder, autograder.check, labsupport.plots\n"
+    code = (NO_EDITABLE_FINDER + "import importlib.util, labsupport, autograder, autograder.check, labsupport.plots\n"
             f"assert labsupport.__file__.startswith({str(target)!r}), labsupport.__file__\n"
             "assert importlib.util.find_spec('autograder.checks') is None\n"
             "print(labsupport.run(lambda: 1 + 1, world_size=2, timeout=60))\n")
