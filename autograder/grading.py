@@ -6,9 +6,13 @@ Flow:
    renamed notebook becomes a ``failed`` row right away, with what was found instead.
 2. ``build_course_dir`` makes a template nbgrader course (release + gradebook) in a temporary directory.
 3. ``--jobs N`` worker processes each copy the template into their own course directory and gradebook and take
-   submissions one at a time: parse, compare with the release (``tamper.repair``), ``nbgrader autograde`` through
-   the Python API with our guarded ``Execute`` preprocessor, read the scores, write the feedback page.
-4. The parent merges all results into one gradebook, writes ``grades.csv`` and prints a summary.
+   submissions one at a time: parse, compare with the release (``tamper.repair``), screen the student's cells
+   (``screen.py``: flags for review), hand the student's cells to a judge process (``judge.py``, started by the
+   grader, never by the kernel), ``nbgrader autograde`` through the Python API with our guarded ``Execute``
+   preprocessor while the judge works, take the points from the judge (a test where the kernel's run and the
+   judge's differ is flagged), write the feedback page.
+4. The parent merges all results into one gradebook, writes ``grades.csv`` and prints a summary with the flagged
+   notebooks. ``--shard K/N`` grades one slice of the students; ``shards.merge`` joins the slices' outputs.
 
 Whatever happens to one submission (invalid JSON, a dead kernel, a cell that ignores interrupts, tampering) ends
 as a row with ``status`` and ``reason``; it never stops the others.
