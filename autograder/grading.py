@@ -113,7 +113,9 @@ def _pool_round(indices, tasks, jobs, initargs, on_result) -> list[int]:
     """Grade ``indices`` with ``jobs`` processes; returns the ones lost because a worker process died."""
     broken = []
     workers = max(1, min(jobs, len(indices)))
-    pool = cf.ProcessPoolExecutor(workers, mp_context=_context(), initializer=init_worker, initargs=initargs)
+    unstarted = _context().Value("i", len(indices))
+    pool = cf.ProcessPoolExecutor(workers, mp_context=_context(), initializer=init_worker,
+                                  initargs=(*initargs, unstarted))
     try:
         # heaviest first (longest-processing-time order), so that the last notebook to finish is a short one and
         # no grading process sits idle for long at the end; a missing notebook costs nothing

@@ -77,7 +77,10 @@ def _quiet_process(log_path: Path) -> None:
     warnings.filterwarnings("ignore")
 
 
-def init_worker(template: str, work_root: str, out_dir: str, cell_timeout: float, course_root: str) -> None:
+def init_worker(template: str, work_root: str, out_dir: str, cell_timeout: float, course_root: str,
+                unstarted=None) -> None:
+    """Set up a grading process. ``unstarted`` (a shared ``multiprocessing.Value``) counts the submissions no
+    process has started yet: a spare judge is started only while there is one left for it."""
     root = Path(tempfile.mkdtemp(prefix="worker-", dir=work_root))
     _quiet_process(root.with_suffix(".log"))
     os.environ.update(kernel_env([course_root]))
@@ -96,9 +99,11 @@ def init_worker(template: str, work_root: str, out_dir: str, cell_timeout: float
     api = nbgrader_api(course_dir, cell_timeout=cell_timeout, Autograde__autograde_preprocessors=preprocessors)
     _WORKER.update(root=course_dir, api=api, out=Path(out_dir), timeout=cell_timeout,
                    releases={}, sources={}, secrets={}, running=Path(work_root) / "running",
-                   course_root=course_root, judge=None, judge_logs=root.with_suffix(".judges"))
+                   course_root=course_root, judge=None, judge_logs=root.with_suffix(".judges"),
+                   unstarted=unstarted)
     _WORKER["judge_logs"].mkdir(exist_ok=True)
-    _spare_judge()
+    if unstarted is None or unstarted.value > 0:
+        _spare_judge()
     # a grader worker ends with os._exit: multiprocessing's finalizers still run, atexit handlers do not
     import multiprocessing.util
 
@@ -124,10 +129,12 @@ def _spare_judge():
 def _take_judge():
     from .judge import Judge
 
-    judge = _WORKER.get("judge")
+    judge, _WORKER["judge"] = _WORKER.get("judge"), None
     if judge is None or judge.proc.poll() is not None:
         judge = Judge(_WORKER["course_root"], _WORKER["judge_logs"])
-    _spare_judge()
+    unstarted = _WORKER.get("unstarted")
+    if unstarted is None or unstarted.value > 0:
+        _spare_judge()
     return judge
 
 
@@ -293,6 +300,10 @@ def run_task(index: int, task: Task) -> Result:
     """``grade_task`` with a marker file in ``running/`` while it runs (see ``grading._run_pool``)."""
     marker = _WORKER["running"] / str(index)
     marker.touch()
+    unstarted = _WORKER.get("unstarted")
+    if unstarted is not None:
+        with unstarted.get_lock():
+            unstarted.value = max(0, unstarted.value - 1)
     try:
         return grade_task(task)
     finally:
