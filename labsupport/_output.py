@@ -52,7 +52,8 @@ class RankOutput:
                 continue
             tail = self.tails[rank]
             if not tail and not self.skipped[rank] and self.tail_size:
-                out.append(f"[rank {rank}] … more output: its last {self.tail_size} lines appear when the call ends …\n")
+                note = f"… more output: its last {self.tail_size} lines appear when the call ends …"
+                out.append(f"[rank {rank}] {note}\n")
             if len(tail) == tail.maxlen:
                 self.skipped[rank] += 1
             if len(line) > MAX_PARTIAL_LINE:

@@ -274,7 +274,8 @@ def _plain(traceback_lines) -> list:
 
 FIRST_LINES_CELLS = [
     "import torch, torch.distributed as dist, labsupport\n%load_ext labsupport",
-    "def bad():\n    if dist.get_rank() == 1:\n        x = 1 / 0\n    dist.barrier()\nlabsupport.run(bad, world_size=2)",
+    "def bad():\n    if dist.get_rank() == 1:\n        x = 1 / 0\n    dist.barrier()\n"
+    "labsupport.run(bad, world_size=2)",
     "%%distributed -n 2 --timeout 2\nt = torch.zeros(1)\ndist.recv(t, src=1 - rank)",
     "%%distributed -n 2\nif rank == 1:\n    raise ValueError('failed in a cell')",
 ]
@@ -298,7 +299,8 @@ def test_errors_in_a_notebook_start_at_what_the_student_can_act_on(tmp_path):
     ], failed
     assert failed[-1] == "(labsupport.run was called at Cell In[2], line 5: labsupport.run(bad, world_size=2))"
     assert deadlock[0].startswith("WorkerTimeout: 2 of 2 ranks were still running after 2 s")
-    assert deadlock[1] == "  rank 0: blocked in recv(src=1) of 1 float32 at Cell In[3], line 3: dist.recv(t, src=1 - rank)"
+    assert deadlock[1] == ("  rank 0: blocked in recv(src=1) of 1 float32 at Cell In[3], line 3: "
+                           "dist.recv(t, src=1 - rank)")
     assert in_cell[:5] == ["WorkerError: rank 1 raised ValueError: failed in a cell", "",
                            "Traceback on rank 1 (most recent call last):", '  File "Cell In[4]", line 3, in <module>',
                            "    raise ValueError('failed in a cell')"], in_cell
@@ -434,7 +436,8 @@ def _kernel(tmp_path, env):
 
 def _run_in(kc, code: str) -> str:
     printed = []
-    reply = kc.execute_interactive(code, timeout=120, output_hook=lambda msg: printed.append(msg["content"].get("text", "")))
+    reply = kc.execute_interactive(code, timeout=120,
+                                   output_hook=lambda msg: printed.append(msg["content"].get("text", "")))
     assert reply["content"]["status"] == "ok", reply["content"]
     return "".join(printed)
 

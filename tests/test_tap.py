@@ -3,7 +3,6 @@ collectives, functional collectives and backend objects, as torch's own CommDebu
 
 import warnings
 
-import pytest
 import torch
 import torch.distributed as dist
 
