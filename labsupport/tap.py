@@ -19,8 +19,8 @@ What is intercepted, at five levels (``Call.level``):
   themselves stay the same, so ``CommDebugMode`` and dispatch modes still recognise them.
 
 Calls nest (``dist.all_reduce`` -> ``ProcessGroup.allreduce`` -> ``Work.wait``): ``Call.outer`` is what
-encloses this one on the same thread (``None`` for an outermost call), ``Call.in_comm`` says whether a communication-level call (pg, backend,
-functional) encloses it. A counter records the outermost communication call (``is_comm and not in_comm``); the
+encloses this one on the same thread (``None`` for an outermost call), ``Call.in_comm`` says whether a
+communication-level call (pg, backend, functional) encloses it. A counter records the outermost communication call (``is_comm and not in_comm``); the
 call board posts the outermost call of all. ``Call.kind``, ``peer``, ``group`` and ``nbytes`` describe a
 communication call as ``CommCounter`` reports it (computed on first use).
 
