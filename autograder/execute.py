@@ -161,9 +161,19 @@ def guarded_execute_class():
     return _GUARDED
 
 
+_LAUNCHER_VARIABLES = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
+                       "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID",
+                       "SLURM_NTASKS_PER_NODE"}
+
+
 def kernel_env(extra_paths=()) -> dict:
     """Environment of a grading/checking kernel: ``LABSUPPORT_GRADING=1`` and the course packages importable."""
     env = dict(os.environ)
+    # graded as on a workstation even inside a SLURM job (an array task of `grade --shard`) or under torchrun:
+    # labsupport would otherwise take the kernel for a rank of that launch
+    for key in list(env):
+        if key in _LAUNCHER_VARIABLES or key.startswith("TORCHELASTIC_"):
+            del env[key]
     env["LABSUPPORT_GRADING"] = "1"
     paths = [str(p) for p in extra_paths] + [str(Path(__file__).resolve().parent.parent)]
     if env.get("PYTHONPATH"):

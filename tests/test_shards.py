@@ -69,3 +69,18 @@ def test_shards_merged_equal_one_run(tmp_path):
     # merging the same shard twice is an error, not a double count
     proc = demo.cli("merge", outs[0], outs[0], "--out", tmp_path / "twice")
     assert proc.returncode == 2 and "graded in both" in proc.stderr, proc.stderr
+
+
+def test_grading_inside_a_slurm_task_is_not_taken_for_a_launch(monkeypatch):
+    """A `grade --shard` array task runs with SLURM's variables set; the kernels and judges it starts must not see
+    them (labsupport would take the kernel for a rank of a multi-task launch)."""
+    from autograder.execute import kernel_env
+    from autograder.judge import judge_env
+
+    for key, value in {"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_LOCALID": "0", "RANK": "0",
+                       "WORLD_SIZE": "4", "MASTER_ADDR": "node1", "MASTER_PORT": "29500",
+                       "TORCHELASTIC_RUN_ID": "x", "SLURM_ARRAY_TASK_ID": "3"}.items():
+        monkeypatch.setenv(key, value)
+    for env in (kernel_env(), judge_env(demo.REPO)):
+        assert not {"SLURM_PROCID", "SLURM_NTASKS", "RANK", "WORLD_SIZE", "MASTER_ADDR", "TORCHELASTIC_RUN_ID"} & set(env)
+        assert env["SLURM_ARRAY_TASK_ID"] == "3" and env["LABSUPPORT_GRADING"] == "1"
