@@ -63,9 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("grade", help="grade a folder of submissions",
                        description="Grade SUBMISSIONS_DIR/STUDENT/ASSIGNMENT/ASSIGNMENT.ipynb with nbgrader. "
                                    "Writes DIR/grades.csv (student, assignment, points, max_points, status, "
-                                   "reason, tampered_cells), DIR/feedback/STUDENT/ASSIGNMENT.html, a merged "
+                                   "reason, tampered_cells, flags), DIR/feedback/STUDENT/ASSIGNMENT.html, a merged "
                                    "nbgrader gradebook DIR/gradebook.db and, for notebooks nbgrader could not "
-                                   "grade, its log in DIR/logs/STUDENT/ASSIGNMENT.log; prints a summary.")
+                                   "grade, its log in DIR/logs/STUDENT/ASSIGNMENT.log; prints a summary. "
+                                   "Points come from a judge process that runs the hidden tests on the "
+                                   "definitions of the student's cells only; code an honest answer never needs, "
+                                   "and tests where the notebook's own run and the judge's differ, are flagged "
+                                   "for review.")
     p.add_argument("submissions", metavar="SUBMISSIONS_DIR")
     p.add_argument("--assignment", metavar="ID",
                    help="grade only this assignment (default: every course assignment found in the submissions)")
