@@ -1,6 +1,6 @@
 """autograder.checks.data_parallel: correct implementations pass; planted bugs lose the points with the right message.
 
-Every implementation here is written the way a student might write it; the bugs are the ones the issue lists
+Every implementation here is written the way a student might write it; the bugs are the usual ones
 (blocking all-reduce after backward, sum without dividing, no initial broadcast, forward-order buckets, one
 all-reduce per parameter, no_sync that still communicates or drops the accumulated gradient, reducing frozen
 parameters) plus the ones each message of the checker is there for.

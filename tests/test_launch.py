@@ -20,7 +20,7 @@ import torch.distributed as dist
 import labsupport
 from labsupport import _board, _call, _callboard, _env, _pool, _worker, launch, magics
 
-#: What the issue promises: a failure reaches the caller within this many seconds of happening.
+#: The bound we keep: a failure reaches the caller within this many seconds of happening.
 FAILURE_LATENCY = 2.0
 WATCHED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGUSR1)
 

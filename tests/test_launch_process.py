@@ -14,7 +14,7 @@ import pytest
 from jupyter_client import KernelManager
 from nbclient import NotebookClient
 
-#: What the issue promises: control is back within this many seconds of Ctrl-C.
+#: The bound we keep: control is back within this many seconds of Ctrl-C.
 INTERRUPT_LATENCY = 2.0
 
 
