@@ -22,7 +22,7 @@ COURSE = demo.COURSE
 # command line
 
 
-@pytest.mark.parametrize("command", [[], ["release"], ["grade"], ["check"]])
+@pytest.mark.parametrize("command", [[], ["release"], ["grade"], ["check"], ["merge"], ["student-edition"]])
 def test_help(command):
     proc = demo.cli(*command, "--help")
     assert proc.returncode == 0, proc.stderr
