@@ -27,6 +27,9 @@ communication call as ``CommCounter`` reports it (computed on first use).
 Installed once per worker (and by the first subscriber in any other process); with nobody subscribed a wrapped
 call costs one extra Python call. Not seen: calls made by C++ code that bypasses Python (DistributedDataParallel's
 reducer, the backward of the functional collectives' autograd ops), and compiled graphs.
+
+One observer is always there once the tap is installed: ``DEVICE_CHECK``, which in an NCCL run stops a call given a
+tensor that is not on this rank's GPU, with a message naming the rank and both devices (NCCL's own error does not).
 """
 
 from __future__ import annotations
@@ -251,6 +254,7 @@ def install() -> None:
         _install_methods()
         _install_functional()
         _installed = True
+        _set(_OBSERVERS + (DEVICE_CHECK,))
 
 
 def _install_api(dist) -> None:
@@ -321,3 +325,68 @@ def _install_functional() -> None:
                     target._op = _wrap_op(name, op)
                 except (AttributeError, TypeError):  # pragma: no cover
                     pass
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the device check
+
+
+def _tensors(values):
+    """The tensors among a call's arguments, and in the lists and tuples it was given (one level deep)."""
+    import torch
+
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            yield from (v for v in value if isinstance(v, torch.Tensor))
+
+
+def wrong_device_message(rank, kind, got, expected) -> str:
+    return (
+        f"rank {rank}: {kind} was given a tensor on {got}, but this rank's device in this NCCL run is {expected}. "
+        f"NCCL only moves tensors on the rank's own GPU: create it with device=labsupport.device() "
+        f"(cuda:LOCAL_RANK) or move it there with .to(labsupport.device())."
+    )
+
+
+def _nccl_device(call):
+    """This rank's GPU when ``call`` goes through an NCCL process group, else ``None`` (cheap for gloo runs)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    import torch.distributed as dist
+
+    group = call.kwargs.get("group") if call.level == "api" else call.target
+    try:
+        if dist.get_backend(group) != "nccl":
+            return None
+    except Exception:  # no process group, or a backend object rather than a group: nothing to check
+        return None
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+class _DeviceCheck:
+    """Stops a communication call in an NCCL run when a tensor it was given is not on this rank's GPU."""
+
+    nested = False
+
+    def enter(self, call):
+        if call.level not in ("api", "pg"):
+            return
+        expected = _nccl_device(call)
+        if expected is None:
+            return
+        for t in _tensors((*call.args, *call.kwargs.values())):
+            if t.device != expected:
+                import torch.distributed as dist
+
+                raise RuntimeError(wrong_device_message(dist.get_rank(), call.kind or call.name, t.device, expected))
+
+    def exit(self, call):
+        pass
+
+
+DEVICE_CHECK = _DeviceCheck()
