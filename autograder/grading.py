@@ -32,11 +32,12 @@ import time
 import warnings
 from pathlib import Path
 
-from .course import RELEASE, Course, CourseError, build_course_dir
+from .course import RELEASE, Course, CourseError, build_course_dir, scratch_databases
 from .feedback import Summary, render
 from .nbgrader_config import CELL_TIMEOUT
 from .progress import Progress
-from .worker import CSV_COLUMNS, Result, Task, init_worker, max_points, run_task
+from .judge import remove_leftovers
+from .worker import CSV_COLUMNS, Result, Task, init_worker, max_points, run_tag, run_task
 
 __all__ = ["CSV_COLUMNS", "Progress", "Result", "Task", "discover", "grade", "merge_gradebook", "summary_table",
            "write_csv"]
@@ -260,6 +261,7 @@ def grade(submissions, course: Course, assignment: str | None = None, jobs: int 
         (out / "logs" / t.student / f"{t.assignment}.log").unlink(missing_ok=True)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="autograder-grade-") as tmp:
+        scratch_databases(tmp)
         template = build_course_dir(course, assignments, Path(tmp) / "template")
         phases = {"template": time.monotonic() - started}
         for aid in assignments:
@@ -267,7 +269,10 @@ def grade(submissions, course: Course, assignment: str | None = None, jobs: int 
             _WEIGHTS[aid] = course.source_notebook(aid).stat().st_size
         progress = Progress(len(tasks), "grading")
         initargs = (str(template), tmp, str(out), cell_timeout, str(course.root))
-        results = _run_pool(tasks, jobs, initargs, progress)
+        try:
+            results = _run_pool(tasks, jobs, initargs, progress)
+        finally:
+            remove_leftovers(run_tag(tmp))
         phases["pool"] = time.monotonic() - started - phases["template"]
         merge_gradebook(template / "gradebook.db", out / "gradebook.db", results)
         phases["merge"] = time.monotonic() - started - phases["template"] - phases["pool"]

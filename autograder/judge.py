@@ -262,15 +262,32 @@ def judge_env(course_root: str | os.PathLike) -> dict:
 _SHORT_TMP = "/tmp" if os.path.isdir("/tmp") else None
 
 
+def judge_tmp() -> str | None:
+    return os.environ.get("TMPDIR") or _SHORT_TMP
+
+
+def remove_leftovers(tag: str) -> None:
+    """Remove the folders of this grading run's judges that a killed grading process could not remove."""
+    import glob
+    import shutil
+
+    base = judge_tmp()
+    import tempfile
+
+    for path in glob.glob(os.path.join(base or tempfile.gettempdir(), f"judge-{tag}-*")):
+        shutil.rmtree(path, ignore_errors=True)
+
+
 class Judge:
     """One judge process, started ahead of time (it imports IPython and starts labsupport's fork server while it
     waits for a submission). ``start`` gives it the submission, ``result`` waits for its verdicts."""
 
-    def __init__(self, course_root: str, log_dir: Path):
+    def __init__(self, course_root: str, log_dir: Path, tag: str = ""):
         import tempfile
 
-        # not below the grader's own (deep) temporary directory: sockets made in it need a short path
-        self.cwd = Path(tempfile.mkdtemp(prefix="judge-", dir=os.environ.get("TMPDIR") or _SHORT_TMP))
+        # not below the grader's own (deep) temporary directory: sockets made in it need a short path; the grading
+        # run removes what a killed grading process leaves (``remove_leftovers``)
+        self.cwd = Path(tempfile.mkdtemp(prefix=f"judge-{tag}-", dir=judge_tmp()))
         self.log_path = Path(log_dir) / f"judge-{os.getpid()}-{time.monotonic_ns()}.log"
         self.log = open(self.log_path, "wb")
         self.nonce = secrets.token_hex(16)
@@ -499,8 +516,26 @@ def _message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+def _follow_parent() -> None:
+    """End this judge, its fork server and its workers (its own process group) when the grading process that
+    started it is gone (killed by a submission, or interrupted)."""
+    import signal
+    import threading
+
+    parent = os.getppid()
+
+    def watch():
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent:
+                os.killpg(0, signal.SIGKILL)
+
+    threading.Thread(target=watch, daemon=True, name="judge-follows-parent").start()
+
+
 def main() -> int:
     """Read a spec from stdin, judge, write ``nonce + JSON`` on the saved stdout (see the module docstring)."""
+    _follow_parent()
     report_fd = os.dup(1)
     os.dup2(2, 1)                                   # anything printed from here on goes to the log
     sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)

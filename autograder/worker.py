@@ -92,7 +92,9 @@ def init_worker(template: str, work_root: str, out_dir: str, cell_timeout: float
     from nbgrader.converters import Autograde
     from nbgrader.preprocessors import Execute
 
-    from .course import nbgrader_api
+    from .course import nbgrader_api, scratch_databases
+
+    scratch_databases(work_root)
 
     defaults = Autograde.autograde_preprocessors.default()
     preprocessors = [guarded_execute_class() if p is Execute else p for p in defaults]
@@ -100,7 +102,7 @@ def init_worker(template: str, work_root: str, out_dir: str, cell_timeout: float
     _WORKER.update(root=course_dir, api=api, out=Path(out_dir), timeout=cell_timeout,
                    releases={}, sources={}, secrets={}, running=Path(work_root) / "running",
                    course_root=course_root, judge=None, judge_logs=root.with_suffix(".judges"),
-                   unstarted=unstarted)
+                   unstarted=unstarted, tag=run_tag(work_root))
     _WORKER["judge_logs"].mkdir(exist_ok=True)
     if unstarted is None or unstarted.value > 0:
         _spare_judge()
@@ -116,12 +118,17 @@ def _close_spare():
         judge.close()
 
 
+def run_tag(work_root: str) -> str:
+    """A short name for this grading run (the random part of its temporary directory's name)."""
+    return Path(work_root).name.rsplit("-", 1)[-1]
+
+
 def _spare_judge():
     """Start the judge for the next submission now: its start-up overlaps this submission's kernel run."""
     from .judge import Judge
 
     try:
-        _WORKER["judge"] = Judge(_WORKER["course_root"], _WORKER["judge_logs"])
+        _WORKER["judge"] = Judge(_WORKER["course_root"], _WORKER["judge_logs"], _WORKER["tag"])
     except OSError:
         _WORKER["judge"] = None
 
@@ -131,7 +138,7 @@ def _take_judge():
 
     judge, _WORKER["judge"] = _WORKER.get("judge"), None
     if judge is None or judge.proc.poll() is not None:
-        judge = Judge(_WORKER["course_root"], _WORKER["judge_logs"])
+        judge = Judge(_WORKER["course_root"], _WORKER["judge_logs"], _WORKER["tag"])
     unstarted = _WORKER.get("unstarted")
     if unstarted is None or unstarted.value > 0:
         _spare_judge()
@@ -352,7 +359,7 @@ def _judged(outcomes: list, judge, result: Result, secret) -> list:
     result.phases["judge_run"] = float(report.get("seconds") or 0.0)
     if report.get("error") and "did not finish" not in report["error"]:
         # the judge itself failed (not a time-out that student code can cause): one more try, from scratch
-        again = Judge(_WORKER["course_root"], _WORKER["judge_logs"])
+        again = Judge(_WORKER["course_root"], _WORKER["judge_logs"], _WORKER["tag"])
         again.start(dict(judge.spec_sent))
         report = again.result(_judge_timeout(len(full)))
     verdicts = verdicts_to_points(report, full)
