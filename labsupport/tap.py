@@ -359,7 +359,12 @@ def _nccl_device(call):
         return None
     import torch.distributed as dist
 
-    group = call.kwargs.get("group") if call.level == "api" else call.target
+    if call.level == "pg":
+        group = call.target
+    else:  # a group passed by position counts too (dist.all_reduce(t, op, group))
+        group = call.kwargs.get("group")
+        if group is None:
+            group = next((a for a in call.args if isinstance(a, dist.ProcessGroup)), None)
     try:
         if dist.get_backend(group) != "nccl":
             return None
@@ -374,7 +379,7 @@ class _DeviceCheck:
     nested = False
 
     def enter(self, call):
-        if call.level not in ("api", "pg"):
+        if call.level not in ("api", "pg") or "object" in call.name:  # objects are pickled: any device will do
             return
         expected = _nccl_device(call)
         if expected is None:
