@@ -112,11 +112,22 @@ def _forget_mp_tempdir(tmpdir: str) -> None:
         config["tempdir"] = None
 
 
+def _preload() -> list:
+    """What the fork server imports before it forks anyone: labsupport's worker (and torch with it) and, in a
+    notebook kernel, ``torch._dynamo``. The first optimizer, DTensor or FSDP a worker builds imports the latter
+    (about 800 modules, 3 s of CPU); imported once in the server, every worker inherits it. A notebook starts the
+    server in the background when it imports labsupport, so nobody waits for it there; a script's first call does
+    not pay for it. ``LABSUPPORT_PRELOAD_DYNAMO=0/1`` overrides."""
+    setting = os.environ.get("LABSUPPORT_PRELOAD_DYNAMO", "")
+    heavy = setting == "1" if setting in ("0", "1") else "ipykernel" in sys.modules
+    return ["labsupport._worker"] + (["torch._dynamo"] if heavy else [])
+
+
 def _mp_context():
     methods = multiprocessing.get_all_start_methods()
     if "forkserver" in methods:
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["labsupport._worker"])
+        ctx.set_forkserver_preload(_preload())
         return ctx
     return multiprocessing.get_context("spawn")  # pragma: no cover - Windows
 

@@ -482,3 +482,17 @@ def test_nothing_left_in_tmp_after_a_killed_kernel_or_a_shutdown(tmp_path):
         time.sleep(0.1)
     assert sorted(os.listdir(tmp)) == before
     shutil.rmtree(tmp)
+
+
+@pytest.mark.parametrize("setting, preloaded", [("1", True), ("0", False)])
+def test_fork_server_preloads_dynamo_where_asked(setting, preloaded):
+    """In a notebook kernel the fork server also imports torch._dynamo (the first optimizer's 3 s), so that every
+    worker inherits it; LABSUPPORT_PRELOAD_DYNAMO decides elsewhere."""
+    code = (
+        "import sys, labsupport\n"
+        "print('PRELOADED', labsupport.run(lambda: 'torch._dynamo' in sys.modules, world_size=1)[0])\n"
+    )
+    env = dict(os.environ, LABSUPPORT_PRELOAD_DYNAMO=setting)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert f"PRELOADED {preloaded}" in proc.stdout, proc.stdout + proc.stderr
