@@ -47,6 +47,7 @@ def judge_env(course_root: str | os.PathLike) -> dict:
 
     env = kernel_env([course_root])
     env["LABSUPPORT_EARLY_START"] = "1"   # its fork server imports torch while the kernel runs
+    env["LABSUPPORT_PRELOAD_DYNAMO"] = "1"  # and torch._dynamo, which every worker building an optimizer needs
     env["MPLBACKEND"] = "Agg"
     env.pop("JPY_PARENT_PID", None)
     return env
