@@ -294,8 +294,17 @@ def _other_errors(graded) -> list[str]:
 
 
 def _one_line(text: str, limit: int = 160) -> str:
+    """The first line of ``text``; when longer than ``limit``, cut after its last whole sentence that fits, else at
+    a word, never inside one (the feedback page has the whole message)."""
     line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
-    return line if len(line) <= limit else line[:limit - 3] + "..."
+    if len(line) <= limit:
+        return line
+    head = line[:limit - 1]
+    end = max(head.rfind(". "), head.rfind(": "), head.rfind("; "))
+    if end >= limit // 3:
+        return head[:end + 1] + " …"
+    space = head.rfind(" ")
+    return (head[:space] if space > 0 else head).rstrip(",;:") + " …"
 
 
 def _compose(parts: list[str]) -> str:

@@ -281,3 +281,15 @@ def test_reading_submissions(tmp_path):
     assert got["empty"][1] == "grading failed: the notebook file is empty (0 bytes of JSON)"
     assert got["list"][1] == "grading failed: the file is JSON but not a Jupyter notebook (it has no cells)"
     assert got["cut"][1].startswith("grading failed: notebook is not valid JSON (line ")
+
+
+def test_csv_reasons_are_cut_at_a_sentence_or_a_word():
+    from autograder.worker import _one_line
+
+    message = ("reduce_scatter on rank 1 returned the sum of the other ranks' chunks without this rank's own. "
+               "Add your own chunk before returning, and check item i must hold rank i's chunk in every rank order.")
+    short = _one_line(message, 120)
+    assert short == "reduce_scatter on rank 1 returned the sum of the other ranks' chunks without this rank's own. …"
+    words = _one_line("word " * 60, 50)
+    assert words.endswith(" …") and all(w == "word" for w in words[:-2].split())
+    assert _one_line("fits\nsecond line") == "fits"

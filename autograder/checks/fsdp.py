@@ -33,12 +33,11 @@ import random
 import torch
 import torch.nn as nn
 
-from ._common import draw_seed, run_on_workers, short
+from ._common import draw_seed, run_on_workers, short, tolerance
 
 __all__ = ["check_MiniFSDP", "check_traffic_per_step", "ProbeNet", "expected_traffic", "unit_layout"]
 
 LR, MOMENTUM, STEPS = 0.05, 0.9, 3
-RTOL, ATOL = 1e-4, 1e-6
 SLACK = 64  # bytes a wrapper may hold beyond the bound (a scalar or two of bookkeeping)
 GATHER = {"all_gather", "all_gather_into_tensor"}
 SCATTER = {"reduce_scatter", "reduce_scatter_tensor"}
@@ -156,7 +155,7 @@ def _shards_failure(shards, units, world: int, rank: int, expected_flats) -> str
                     f"with zeros to a multiple of the world size ({chunk * world}) before slicing it.")
         padded = torch.cat([flat, flat.new_zeros(chunk * world - numel)])
         expected = padded[rank * chunk:(rank + 1) * chunk]
-        if shard.dtype != expected.dtype or not torch.allclose(shard.detach(), expected, rtol=RTOL, atol=ATOL):
+        if shard.dtype != expected.dtype or not torch.allclose(shard.detach(), expected, **tolerance(expected.dtype)):
             return (f"shard {k} (unit {names[k]}) on rank {rank} is {short(shard)}, expected {short(expected)}: "
                     f"slice {rank} of the zero-padded concatenation of {', '.join(n for n, _ in params)} "
                     "(each flattened, in named_parameters() order).")
@@ -270,11 +269,11 @@ def _probe(MiniFSDP, seed: int, steps: int, rows: int, flats, X, Y, kwargs: dict
                 dist.all_gather(parts, shard.detach().contiguous())
                 gathered.append(torch.cat(parts)[:units[k][1]])
             for k, (got, want) in enumerate(zip(gathered, flats[step + 1])):
-                if not torch.allclose(got, want, rtol=RTOL, atol=ATOL):
+                if not torch.allclose(got, want, **tolerance(want.dtype)):
                     offset = 0
                     for pname, p in units[k][2]:
                         g, w = got[offset:offset + p.numel()], want[offset:offset + p.numel()]
-                        if not torch.allclose(g, w, rtol=RTOL, atol=ATOL):
+                        if not torch.allclose(g, w, **tolerance(w.dtype)):
                             frozen = "" if p.requires_grad else " This parameter is frozen: it must not change."
                             failure = (f"after step {step}, {pname} (unit {names[k]}) is {short(g)}, expected "
                                        f"{short(w)} (one process trained on the whole batch).{frozen}"

@@ -28,7 +28,7 @@ import random
 import torch
 import torch.nn as nn
 
-from ._common import draw_seed, run_on_workers, short
+from ._common import draw_seed, run_on_workers, short, tolerance
 
 __all__ = [
     "check_partition_layers",
@@ -551,7 +551,7 @@ def _judge(rank, p, m, label, stage, schedule, loss, oracle_loss, oracle_params,
             if got is None:
                 return (f"{label}: on stage {rank}, layer {i}'s {name} has no gradient. Every B must backpropagate "
                         "through this stage's modules.")
-            if got.shape != ref.grad.shape or not torch.allclose(got, ref.grad, rtol=1e-4, atol=1e-6):
+            if got.shape != ref.grad.shape or not torch.allclose(got, ref.grad, **tolerance(ref.grad.dtype)):
                 ratio = (got.flatten() @ ref.grad.flatten() / ref.grad.flatten().pow(2).sum().clamp_min(1e-30)).item()
                 hint = ""
                 if math.isclose(ratio, m, rel_tol=1e-3):

@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._common import draw_seed, run_on_workers, short
+from ._common import draw_seed, run_on_workers, short, tolerance
 
 __all__ = [
     "check_copy_to_tp",
@@ -39,7 +39,6 @@ __all__ = [
     "check_ParallelAttention",
 ]
 
-RTOL, ATOL = 1e-4, 1e-5
 #: (world_size, tensor-parallel size): every rank in one group, 4 ranks as two groups of 2, and one rank (last:
 #: a bug shows more clearly on several ranks).
 CONFIGS = ((2, 2), (3, 3), (4, 4), (4, 2), (1, 1))
@@ -113,7 +112,7 @@ def _call(what: str, fn, *args, **kwargs):
 
 
 def _close(a, b) -> bool:
-    return isinstance(a, torch.Tensor) and a.shape == b.shape and torch.allclose(a, b, rtol=RTOL, atol=ATOL)
+    return isinstance(a, torch.Tensor) and a.shape == b.shape and torch.allclose(a, b, **tolerance(b.dtype))
 
 
 def _recorded(fn):

@@ -31,7 +31,7 @@ import random
 import torch
 import torch.nn as nn
 
-from ._common import PROBE_TIMEOUT, draw_seed, run_on_workers, short
+from ._common import PROBE_TIMEOUT, draw_seed, run_on_workers, short, tolerance
 
 __all__ = ["check_model_state_bytes", "check_ShardedOptimizer", "check_Zero2Optimizer", "ZeroProbeNet",
            "reference_model_state_bytes"]
@@ -39,7 +39,6 @@ __all__ = ["check_model_state_bytes", "check_ShardedOptimizer", "check_Zero2Opti
 STEPS = 10
 ROWS = 12  # divisible by 2, 3 and 4
 D_IN, D_OUT = 10, 3
-RTOL, ATOL = 1e-4, 1e-6
 WORLD_SIZES = (2, 3, 4)
 #: Seconds per probe. Generous: the first torch optimizer a fresh worker builds imports torch._dynamo (about 800
 #: modules, 5 s of CPU on an idle core, far more on a loaded machine); a deadlock is still stopped well inside the
@@ -210,7 +209,7 @@ def _step_failure(setup, step, rank, world, model, oracle, names, left, calls, p
         return (f"{setup}: after zero_grad() at step {step}, rank {rank} still had a non-zero gradient in "
                 f"'{left[0]}': zero_grad() must clear (or set to None) every parameter's .grad.")
     for (name, p), q in zip(model.named_parameters(), oracle.parameters()):
-        if not (p.shape == q.shape and torch.allclose(p.detach(), q.detach(), rtol=RTOL, atol=ATOL)):
+        if not (p.shape == q.shape and torch.allclose(p.detach(), q.detach(), **tolerance(q.dtype))):
             hint = ("it is frozen (requires_grad=False): leave it out of the shards, so that it is never updated"
                     if not p.requires_grad else
                     "if this rank does not own it, step() must bring it the owner's updated values (broadcast from "
