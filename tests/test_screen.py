@@ -169,4 +169,3 @@ def test_unchanged_instructor_cells_are_not_screened():
 
 def test_python_source_turns_magics_into_calls():
     assert "get_ipython()" in python_source("%time x = 1")
-
