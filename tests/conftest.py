@@ -19,6 +19,7 @@ SLOW_MODULES = {
     "test_packaging",
     "test_setup_script",
     "test_launch_process",
+    "test_browser",
 }
 
 
