@@ -6,13 +6,18 @@ only what a student needs:
 
 * ``notebooks/`` (the release: answer cells replaced by stubs, hidden tests cut out), ``labsupport/``;
 * ``autograder/`` without ``checks/``: ``python -m autograder check NOTEBOOK`` runs the visible tests there;
-* ``course``, ``pyproject.toml``, ``environment.yml``, a ``.gitignore`` and a README written for students.
+* ``course``, ``pyproject.toml``, ``environment.yml``, a ``.gitignore`` and a README written for students;
+* ``nbgrader_config.py`` (the course's settings for the Validate button) and ``.jupyter/``, the Jupyter config
+  folder ``./course lab`` adds to ``JUPYTER_CONFIG_PATH``: it turns off nbgrader's instructor tools (formgrader,
+  "Create Assignment", the course and assignment lists, which need an exchange the course does not use) and keeps
+  Validate. The instructor's lab, started from the repository, keeps them all.
 
 Nothing else is copied, so whatever is added to the repository later stays out unless it is listed here.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -20,10 +25,18 @@ from pathlib import Path
 from .course import Course, CourseError
 
 #: Files and folders of the course root copied as they are.
-TOP_FILES = ["course", "pyproject.toml", "environment.yml", "LICENSE"]
+TOP_FILES = ["course", "pyproject.toml", "environment.yml", "nbgrader_config.py", "LICENSE"]
 PACKAGES = ["labsupport", "autograder"]
 #: Never copied (below a package): the hidden checks and their reference implementations.
 EXCLUDED = {"autograder/checks"}
+#: nbgrader's lab plugins and server extensions a student's lab leaves out (Validate stays).
+INSTRUCTOR_LAB_PLUGINS = ["@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:create-assignment",
+                          "@jupyter/nbgrader:course-list", "@jupyter/nbgrader:assignment-list",
+                          "@jupyter/nbgrader:menu"]
+INSTRUCTOR_SERVER_EXTENSIONS = ["nbgrader.server_extensions.formgrader", "nbgrader.server_extensions.course_list",
+                                "nbgrader.server_extensions.assignment_list"]
+#: The Jupyter config folder of the edition (``./course lab`` puts it first on ``JUPYTER_CONFIG_PATH``).
+JUPYTER_DIR = ".jupyter"
 _IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints", ".DS_Store", "*.egg-info")
 
 GITIGNORE = """.venv/
@@ -100,6 +113,15 @@ def _table(course: Course, ids: list[str]) -> str:
     return "\n".join(f"- [`{aid}`](notebooks/{aid}/{aid}.ipynb)" for aid in ids)
 
 
+def _write_jupyter_config(dest: Path) -> None:
+    folder = dest / JUPYTER_DIR
+    (folder / "labconfig").mkdir(parents=True, exist_ok=True)
+    page = {"disabledExtensions": {name: True for name in INSTRUCTOR_LAB_PLUGINS}}
+    server = {"ServerApp": {"jpserver_extensions": {name: False for name in INSTRUCTOR_SERVER_EXTENSIONS}}}
+    (folder / "labconfig" / "page_config.json").write_text(json.dumps(page, indent=2) + "\n", encoding="utf-8")
+    (folder / "jupyter_server_config.json").write_text(json.dumps(server, indent=2) + "\n", encoding="utf-8")
+
+
 def write_edition(course: Course, dest, force: bool = False) -> Path:
     """Write the student edition of ``course`` into ``dest``; returns its path."""
     dest = Path(dest).resolve()
@@ -136,6 +158,7 @@ def write_edition(course: Course, dest, force: bool = False) -> Path:
         shutil.copytree(src, dest / package, ignore=ignore)
     (dest / "README.md").write_text(README.replace("{table}", _table(course, ids)), encoding="utf-8")
     (dest / ".gitignore").write_text(GITIGNORE, encoding="utf-8")
+    _write_jupyter_config(dest)
     for path in dest.rglob("*"):
         if path.is_file():
             os.chmod(path, 0o755 if path.name == "course" else 0o644)

@@ -101,8 +101,8 @@ def _edition_texts(root: Path) -> dict[str, list[str]]:
 
 def test_layout(edition):
     names = sorted(p.name for p in edition.iterdir())
-    assert names == sorted([".gitignore", "README.md", "autograder", "course", "environment.yml", "labsupport",
-                            "notebooks", "pyproject.toml"] + (["LICENSE"] if (REPO / "LICENSE").exists() else []))
+    assert names == sorted([".gitignore", ".jupyter", "README.md", "autograder", "course", "environment.yml",
+                            "labsupport", "nbgrader_config.py", "notebooks", "pyproject.toml"] + (["LICENSE"] if (REPO / "LICENSE").exists() else []))
     assert not (edition / "autograder" / "checks").exists()
     assert os.access(edition / "course", os.X_OK)
     readme = (edition / "README.md").read_text()
@@ -226,3 +226,51 @@ def test_pip_install_of_the_edition(edition, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "autograder", "--help"], cwd=tmp_path, capture_output=True,
                           text=True, env=dict(os.environ, PYTHONPATH=str(target)))
     assert proc.returncode == 0 and "student-edition" in proc.stdout, proc.stderr
+
+
+def _lab_config(config_path) -> dict:
+    """What a lab started with ``JUPYTER_CONFIG_PATH=config_path`` (None: unset) loads: nbgrader's server
+    extensions (enabled or not) and the lab plugins its page config disables."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTER_CONFIG")}
+    if config_path:
+        env["JUPYTER_CONFIG_PATH"] = str(config_path)
+    # what ServerApp itself decides from the config files on its path (as when the lab starts)
+    code = ("import json; from jupyter_server.serverapp import ServerApp; app = ServerApp(); app.load_config_file(); "
+            "app.find_server_extensions(); print(json.dumps(app.jpserver_extensions))")
+    found = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert found.returncode == 0, found.stderr
+    server = {k: v for k, v in json.loads(found.stdout.strip().splitlines()[-1]).items() if k.startswith("nbgrader")}
+    code = ("import json; from jupyterlab_server.config import get_page_config; "
+            "print(json.dumps(get_page_config([]).get('disabledExtensions', {})))")
+    page = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert page.returncode == 0, page.stderr
+    disabled = json.loads(page.stdout.strip().splitlines()[-1])
+    if isinstance(disabled, list):
+        disabled = {name: True for name in disabled}
+    return {"server": server, "disabled": {k for k, v in disabled.items() if v}}
+
+
+def test_the_students_lab_leaves_out_the_instructors_nbgrader_tools(edition):
+    """``./course lab`` in the edition puts its ``.jupyter/`` on ``JUPYTER_CONFIG_PATH``: formgrader, Create
+    Assignment and the course and assignment lists are off, Validate and its config stay; the instructor's lab (the
+    repository, no such folder) keeps everything."""
+    from autograder.edition import INSTRUCTOR_LAB_PLUGINS, INSTRUCTOR_SERVER_EXTENSIONS, JUPYTER_DIR
+
+    assert 'JUPYTER_CONFIG_PATH="$here/.jupyter' in (edition / "course").read_text()
+    assert (edition / "nbgrader_config.py").is_file()
+    student = _lab_config(edition / JUPYTER_DIR)
+    for name in INSTRUCTOR_SERVER_EXTENSIONS:
+        assert student["server"].get(name) is False, (name, student)
+    assert student["server"].get("nbgrader.server_extensions.validate_assignment") is True, student
+    assert set(INSTRUCTOR_LAB_PLUGINS) <= student["disabled"], student
+    assert "@jupyter/nbgrader:validate-assignment" not in student["disabled"]
+    code = ("from nbgrader.server_extensions.validate_assignment.handlers import ValidateAssignmentHandler as H; "
+            "print(H.load_config(None).Execute.timeout)")   # Validate reads the server's folder: the edition
+    timeout = subprocess.run([sys.executable, "-c", code], cwd=edition, capture_output=True, text=True, timeout=120)
+    assert timeout.stdout.split()[-1:] == ["180"], timeout.stdout + timeout.stderr
+
+    assert not (REPO / JUPYTER_DIR).exists()
+    instructor = _lab_config(None)
+    for name in INSTRUCTOR_SERVER_EXTENSIONS:
+        assert instructor["server"].get(name) is True, (name, instructor)
+    assert not set(INSTRUCTOR_LAB_PLUGINS) & instructor["disabled"], instructor
