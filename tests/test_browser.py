@@ -87,11 +87,11 @@ def lab(tmp_path_factory):
     shutil.copy(SOLUTION, root / "solved" / "00_launch.ipynb")
 
     port, token = _free_port(), secrets.token_hex(16)
-    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp / "runtime"), IPYTHONDIR=str(tmp / "ipython"),
-               JUPYTER_PLATFORM_DIRS="1")
+    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp / "runtime"), IPYTHONDIR=str(tmp / "ipython"))
     env.pop("NBGRADER_VALIDATING", None)
-    jupyter = Path(sys.executable).parent / "jupyter"
-    cmd = [str(jupyter), "lab", "--no-browser", f"--port={port}", "--ServerApp.ip=127.0.0.1",
+    jupyter = Path(sys.executable).parent / "jupyter"   # .venv/bin/jupyter lab, as the README says
+    start = [str(jupyter), "lab"] if jupyter.exists() else [sys.executable, "-m", "jupyterlab"]
+    cmd = start + ["--no-browser", f"--port={port}", "--ServerApp.ip=127.0.0.1",
            f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--allow-root",
            f"--LabApp.workspaces_dir={tmp / 'workspaces'}", f"--LabApp.user_settings_dir={tmp / 'settings'}",
            "--ServerApp.open_browser=False"]
