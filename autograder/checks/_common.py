@@ -53,6 +53,17 @@ def run_on_workers(probe, *args, world_size: int, what: str, timeout: float | No
         ) from None
 
 
+def call_student(what: str, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` for a student's function: ``NotImplementedError`` and ``AssertionError`` pass through,
+    any other exception becomes an ``AssertionError`` naming ``what`` (so nbgrader takes the points, with a reason)."""
+    try:
+        return fn(*args, **kwargs)
+    except (NotImplementedError, AssertionError):
+        raise
+    except Exception as exc:
+        raise AssertionError(f"{what} raised {type(exc).__name__}: {exc}") from None
+
+
 def short(t, limit: int = 8) -> str:
     """A compact description of a tensor (or anything) for a message."""
     import torch

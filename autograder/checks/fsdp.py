@@ -33,7 +33,7 @@ import random
 import torch
 import torch.nn as nn
 
-from ._common import draw_seed, run_on_workers, short, tolerance
+from ._common import call_student as _call, draw_seed, run_on_workers, short, tolerance
 
 __all__ = ["check_MiniFSDP", "check_traffic_per_step", "ProbeNet", "expected_traffic", "unit_layout"]
 
@@ -128,15 +128,6 @@ def _agree(failure) -> str | None:
     found = [None] * dist.get_world_size()
     dist.all_gather_object(found, failure)
     return next((f if r == dist.get_rank() else f"{f} (seen on rank {r})" for r, f in enumerate(found) if f), None)
-
-
-def _call(what: str, fn, *args, **kwargs):
-    try:
-        return fn(*args, **kwargs)
-    except (NotImplementedError, AssertionError):
-        raise
-    except Exception as exc:
-        raise AssertionError(f"{what} raised {type(exc).__name__}: {exc}") from None
 
 
 def _shards_failure(shards, units, world: int, rank: int, expected_flats) -> str | None:

@@ -28,7 +28,7 @@ import random
 import torch
 import torch.nn as nn
 
-from ._common import draw_seed, run_on_workers, short, tolerance
+from ._common import call_student as _call, draw_seed, run_on_workers, short, tolerance
 
 __all__ = [
     "check_partition_layers",
@@ -169,15 +169,6 @@ def random_valid_schedule(p: int, m: int, rng: random.Random) -> list:
 
 # ---------------------------------------------------------------------------------------------------------------
 # helpers
-
-
-def _call(what: str, fn, *args):
-    try:
-        return fn(*args)
-    except (NotImplementedError, AssertionError):
-        raise
-    except Exception as exc:
-        raise AssertionError(f"{what} raised {type(exc).__name__}: {exc}") from None
 
 
 def _fmt(ops, limit: int = 12) -> str:

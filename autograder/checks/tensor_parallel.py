@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._common import draw_seed, run_on_workers, short, tolerance
+from ._common import call_student as _call, draw_seed, run_on_workers, short, tolerance
 
 __all__ = [
     "check_copy_to_tp",
@@ -100,15 +100,6 @@ def _dense(seed: int, make):
 
 def _randn(seed: int, *shape):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
-
-
-def _call(what: str, fn, *args, **kwargs):
-    try:
-        return fn(*args, **kwargs)
-    except (NotImplementedError, AssertionError):
-        raise
-    except Exception as exc:
-        raise AssertionError(f"{what} raised {type(exc).__name__}: {exc}") from None
 
 
 def _close(a, b) -> bool:
