@@ -1,6 +1,6 @@
-"""One name per lesson: every assignment ``NN_name`` has its checks in ``autograder/checks/name.py`` and, where it
-has helpers, its lesson module ``labsupport.lessons.name``; a notebook never defines again what its lesson module
-(or ``labsupport`` itself) already provides."""
+"""One name per lesson: every assignment ``NN_name`` has its checks in ``autograder/checks/name.py`` (or a package
+``autograder/checks/name/``) and, where it has helpers, its lesson module ``labsupport.lessons.name``; a notebook
+never defines again what its lesson module (or ``labsupport`` itself) already provides."""
 
 import ast
 import importlib
@@ -51,8 +51,10 @@ def test_every_lesson_module_is_named_after_an_assignment():
 
 @pytest.mark.parametrize("aid", ASSIGNMENTS)
 def test_checks_are_named_after_the_lesson(aid):
-    checks = COURSE.root / "autograder" / "checks" / f"{_lesson(aid)}.py"
-    assert checks.is_file(), f"the checks of {aid} belong in autograder/checks/{_lesson(aid)}.py"
+    checks = COURSE.root / "autograder" / "checks"
+    name = _lesson(aid)
+    assert (checks / f"{name}.py").is_file() or (checks / name / "__init__.py").is_file(), (
+        f"the checks of {aid} belong in autograder/checks/{name}.py or the package autograder/checks/{name}/")
     for source in _code_cells(aid):
         for line in source.splitlines():
             if line.startswith("from autograder.checks."):
