@@ -12,7 +12,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import autograder.checks.collectives.trials as T
 from autograder.checks import collectives as C
+from autograder.checks.collectives.diagnose import _Problem
+from autograder.checks.collectives.probes import _RUN
 
 #: Deadlocking mutants are stopped after this many seconds (the real probe time-out is longer).
 SHORT = 4.0
@@ -519,9 +522,9 @@ def test_not_a_function():
 def test_world_sizes_and_dtypes_are_covered():
     ws = set(C.WORLD_SIZES)
     assert {1, 2, 3, 4, 5} <= ws
-    trials = [t for n in C.WORLD_SIZES for t in C._draw_trials(12345, n)]
+    trials = [t for n in C.WORLD_SIZES for t in T._draw_trials(12345, n)]
     assert {t["dtype"] for t in trials} >= {"float32", "int64"}
-    assert all(0 <= t["root"] < n for n in C.WORLD_SIZES for t in C._draw_trials(7, n))
+    assert all(0 <= t["root"] < n for n in C.WORLD_SIZES for t in T._draw_trials(7, n))
     assert len({t["shape"] for t in trials}) >= 3
 
 
@@ -529,8 +532,8 @@ def _diagnosis(name, trial, n, answer):
     """The message the check would give if every rank answered ``answer(rank, inputs)``, diagnosed in-process."""
     reports = []
     for r in range(n):
-        tensors = {q: C._tensor_of(trial, q) for q in range(n)}
-        chunks = {q: C._chunks_of(trial, q, n) for q in range(n)}
+        tensors = {q: T._tensor_of(trial, q) for q in range(n)}
+        chunks = {q: T._chunks_of(trial, q, n) for q in range(n)}
         if name == "all_reduce":
             total = sum(tensors.values())
             reports.append({"expected": total, "after": answer(r, tensors, chunks)})
@@ -538,8 +541,8 @@ def _diagnosis(name, trial, n, answer):
             sums = [sum(chunks[q][j] for q in range(n)) for j in range(n)]
             reports.append({"expected": sums[r], "chunks": chunks[r], "got": answer(r, tensors, chunks)})
     try:
-        C._RUN[name][1](trial, n, reports)
-    except C._Problem as p:
+        _RUN[name][1](trial, n, reports)
+    except _Problem as p:
         return p.message
     return None
 
@@ -563,15 +566,15 @@ def test_inputs_always_tell_mistakes_apart(name, answer, message):
     """
     for seed in range(1, 120):
         for n in (2, 3, 4, 5):
-            for trial in C._draw_trials(seed, n):
+            for trial in T._draw_trials(seed, n):
                 got = _diagnosis(name, trial, n, answer)
                 assert got is not None and re.search(message, got), (seed, n, trial, got)
 
 
 def test_draws_that_would_confuse_diagnoses_are_replaced():
     """Seed 638972467 once drew equal one-element chunks on two ranks (int32, world_size 2)."""
-    trials = C._draw_trials(638972467, 2)
-    assert all(C._telling(t, 2) for t in trials)
+    trials = T._draw_trials(638972467, 2)
+    assert all(T._telling(t, 2) for t in trials)
     clash = dict(trials[0], shape=(1,))
-    clash["data_seed"] = next(s for s in range(10_000) if not C._telling(dict(clash, data_seed=s), 2))
-    assert not C._telling(clash, 2)
+    clash["data_seed"] = next(s for s in range(10_000) if not T._telling(dict(clash, data_seed=s), 2))
+    assert not T._telling(clash, 2)
