@@ -1,0 +1,87 @@
+"""Checks for notebook 04_tensor_parallel: ``check_copy_to_tp``, ``check_reduce_from_tp``,
+``check_ColumnParallelLinear``, ``check_RowParallelLinear``, ``check_ParallelMLP``, ``check_ParallelAttention``.
+
+The oracle is the dense layer in one process: every rank builds the same dense module (same seed) and runs it on
+the same input, so it knows the whole output, the input's gradient and every weight's gradient. The student's
+layer, built with ``from_dense`` on t ranks, must give the same output (or this rank's slice of it), the same
+input gradient, and for each of its parameters the gradient of the dense weight's shard it holds.
+
+Parameters are recognised by value, not by name: a parameter must equal one of the shards this rank may hold
+(``w.chunk(t, 0)[r]`` of a column-parallel weight, ``w.chunk(t, 1)[r]`` of a row-parallel one, a bias chunk, the
+full row-parallel bias, or for attention the q, k and v shards concatenated into one fused weight). So fused or
+separate q/k/v and any attribute names are accepted; interleaved shards, a full weight, or a shard of the wrong
+rank are named in the message.
+
+How: ``CommCounter`` records forward and backward separately (kind, bytes and group of every call); the bytes of
+every tensor the module keeps are measured by storage (``tensor_bytes``), so a shard that is a view of the full
+weight counts as the full weight. World sizes 1 to 4, plus 4 ranks split into two tensor-parallel groups of 2
+(``group=`` must be honoured); shapes are drawn at grading time (hidden sizes divisible by t, odd batch and
+sequence). Probes keep ranks in step: after each phase all ranks agree on whether one failed.
+
+The package: ``harness`` (running probes in step, recording and comparing collectives), ``shards`` (parameters
+recognised by value, their memory and gradients), ``exercise`` (one parallel module against its dense oracle),
+``probes`` (what runs on the workers for each exercise, with the wrong answers each is known for).
+"""
+
+from __future__ import annotations
+
+import random
+
+from .._common import draw_seed
+from .harness import _run
+from .probes import _fg_shape, _probe_attention, _probe_column, _probe_fg, _probe_mlp, _probe_row
+
+__all__ = [
+    "check_copy_to_tp",
+    "check_reduce_from_tp",
+    "check_ColumnParallelLinear",
+    "check_RowParallelLinear",
+    "check_ParallelMLP",
+    "check_ParallelAttention",
+]
+
+
+def check_copy_to_tp(copy_to_tp) -> None:
+    """f: identity in forward with no communication; one all-reduce (sum) of the gradient in backward, over
+    ``group``; input untouched."""
+    seed = draw_seed()
+    _run(_probe_fg, "copy_to_tp", copy_to_tp, seed, _fg_shape(random.Random(seed)), what="copy_to_tp", seed=seed)
+
+
+def check_reduce_from_tp(reduce_from_tp) -> None:
+    """g: one all-reduce (sum) over ``group`` in forward, input untouched; identity in backward, no communication."""
+    seed = draw_seed()
+    _run(_probe_fg, "reduce_from_tp", reduce_from_tp, seed, _fg_shape(random.Random(seed)), what="reduce_from_tp",
+         seed=seed)
+
+
+def check_ColumnParallelLinear(ColumnParallelLinear) -> None:
+    """from_dense keeps rows chunk(t, 0)[r] of the weight and its bias chunk (nothing more); forward equals this
+    rank's slice of the dense output (or all of it with gather_output=True); input and weight gradients equal the
+    dense ones; no communication in forward (one all-gather when gathering), one all-reduce in backward."""
+    seed = draw_seed()
+    _run(_probe_column, ColumnParallelLinear, seed, what="ColumnParallelLinear", seed=seed)
+
+
+def check_RowParallelLinear(RowParallelLinear) -> None:
+    """from_dense keeps columns chunk(t, 1)[r] of the weight and the full bias; forward equals the dense output
+    with the bias added once; gradients equal the dense ones; one all-reduce in forward, none in backward (one
+    all-gather with input_is_parallel=False)."""
+    seed = draw_seed()
+    _run(_probe_row, RowParallelLinear, seed, what="RowParallelLinear", seed=seed)
+
+
+def check_ParallelMLP(ParallelMLP) -> None:
+    """fc1 column-parallel, fc2 row-parallel, only this rank's shards kept; output, input gradient and shard
+    gradients equal the dense MLP's; exactly one all-reduce of b*s*h elements in forward and one in backward."""
+    seed = draw_seed()
+    _run(_probe_mlp, ParallelMLP, seed, what="ParallelMLP", seed=seed)
+
+
+def check_ParallelAttention(ParallelAttention) -> None:
+    """Heads split over ranks (q, k, v column-parallel, fused or separate; out_proj row-parallel), only this rank's
+    shards kept; output, input gradient and shard gradients equal the dense attention's; exactly one all-reduce of
+    b*s*h elements in forward and one in backward."""
+    seed = draw_seed()
+    _run(_probe_attention, ParallelAttention, seed, what="ParallelAttention", seed=seed,
+         configs=((2, 2), (3, 3), (4, 4), (1, 1)))
