@@ -11,8 +11,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import autograder.checks.ring_allreduce.trials as T
 import labsupport
 from autograder.checks import ring_allreduce as R
+from autograder.checks.ring_allreduce.diagnose import _why_wrong_sum
 
 # ----------------------------------------------------------------------------------------------------------------
 # Correct alternatives
@@ -704,11 +706,11 @@ def test_integer_inputs_name_the_missing_ranks_exactly():
     """A partial sum over some ranks is never mistaken for another (one-element chunks, many seeds)."""
     for seed in range(1, 150):
         for n in (2, 3, 4, 5):
-            parts = [R._make(seed, 0, q, (1,), "int32") for q in range(n)]
+            parts = [T._make(seed, 0, q, (1,), "int32") for q in range(n)]
             for size in range(1, n):
                 for subset in itertools.combinations(range(n), size):
                     partial = sum(parts[q] for q in subset)
-                    hint = R._why_wrong_sum(partial, parts, "int32")
+                    hint = _why_wrong_sum(partial, parts, "int32")
                     named = f"just rank {subset[0]}'s own data" if size == 1 else f"ranks {list(subset)} only"
                     assert named in hint, (seed, n, subset, hint)
 
@@ -723,15 +725,15 @@ def test_every_numel_gets_multi_dimensional_shapes():
     seen = set()
     for seed in range(1, 300):
         for n in R.WORLD_SIZES:
-            cases = R._cases(seed, n)
+            cases = T._cases(seed, n)
             numels = [m for m in (1, n - 1, 1000, 2**16 + 3) if m >= 1]
             assert len(cases) == 3 * len(numels)
             for m in set(numels):
                 mine = [(shape, dt) for shape, dt in cases if math.prod(shape) == m]
                 copies = numels.count(m)
-                assert sorted(dt for _, dt in mine) == sorted(R._DTYPES * copies), (seed, n, m, mine)
+                assert sorted(dt for _, dt in mine) == sorted(T._DTYPES * copies), (seed, n, m, mine)
                 multi = [shape for shape, _ in mine if len(shape) >= 2 and (
-                    sum(d > 1 for d in shape) >= 2 if len(R._prime_factors(m)) >= 2 else max(shape) == m)]
+                    sum(d > 1 for d in shape) >= 2 if len(T._prime_factors(m)) >= 2 else max(shape) == m)]
                 flat = [shape for shape, _ in mine if len(shape) <= 1 or shape == (1, m)]
                 assert len(multi) >= 2 * copies and len(flat) >= copies, (seed, n, m, mine)
                 assert all(1 <= len(shape) <= 3 for shape in multi)
