@@ -12,6 +12,7 @@ import torch
 from .._common import short
 from .harness import _close
 
+
 # ---------------------------------------------------------------------------------------------------------------
 # parameters, recognised by value
 
