@@ -15,7 +15,6 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from autograder.checks import data_parallel as ddp
 from autograder.checks.data_parallel import (
     ProbeNet,
     check_average_gradients,
@@ -24,6 +23,7 @@ from autograder.checks.data_parallel import (
     check_OverlapDDP,
     expected_buckets,
 )
+from autograder.checks.data_parallel.reference import _bucket_bytes, _layout
 
 # ---------------------------------------------------------------------------------------------------------------
 # broadcast_parameters
@@ -819,7 +819,7 @@ def test_expected_buckets_follow_the_rule():
     assert all(len(b) == 1 for b in expected_buckets(model, 16 / 2**20))
     # the configurations are chosen so that forward-order buckets are visibly different
     trainable = [p for p in model.parameters() if p.requires_grad]
-    assert ddp._bucket_bytes(ddp._layout(trainable, 1000)) != ddp._bucket_bytes(
-        ddp._layout(trainable[::-1], 1000))
+    assert _bucket_bytes(_layout(trainable, 1000)) != _bucket_bytes(
+        _layout(trainable[::-1], 1000))
     # a cap below the largest parameters gives each of them a bucket of its own
     assert [768] in [[s for _, s in b] for b in expected_buckets(model, 700 / 2**20)]
