@@ -1,0 +1,30 @@
+"""Checks for notebook 08_hybrid_parallel: ``check_parallel_groups``, ``check_dispatch_tokens``,
+``check_combine_tokens``, ``check_activation_bytes``, ``check_fits``.
+
+* ``parallel_groups`` is compared, for many shapes drawn at grading time (up to thousands of ranks), with the layout
+  rule rank = tp_rank + tp·dp_rank + tp·dp·pp_rank, and on 4 real ranks with the groups of
+  ``init_device_mesh("cpu", (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))``. Group order does not matter.
+* ``dispatch_tokens`` / ``combine_tokens`` run on 2, 3 and 4 ranks with random routing (uneven counts, an expert
+  that receives nothing, a rank with no tokens), float32 and float64, against the single-process layer computed
+  inside every worker from all ranks' inputs. ``combine_tokens`` is fed the reference dispatch, so each exercise is
+  graded on its own. How: tokens cross ranks in all-to-all calls (``CommCounter``): at least the rows bound for
+  other ranks, at most every row once plus a little metadata; no send/recv.
+* ``activation_bytes`` and ``fits`` are compared with the formulas of Korthikanti et al. 2022 (Table 2) and of
+  the ZeRO paper (Rajbhandari et al. 2020), restated here as oracles.
+
+Probes keep the ranks in step: after every case each rank reports what it found (``all_gather_object``, outside the
+counted region) and all stop together with the first rank's message. A student's exception is raised at once (the
+other ranks may be waiting in a collective), and the launcher stops the rest.
+
+The package: ``groups`` (parallel_groups), ``moe`` (dispatch and combine), ``planner`` (activation_bytes, fits).
+"""
+
+from __future__ import annotations
+
+from .groups import check_parallel_groups, reference_parallel_groups
+from .moe import check_combine_tokens, check_dispatch_tokens, moe_cases, reference_dispatch
+from .planner import check_activation_bytes, check_fits, reference_activation_bytes, reference_fits
+
+__all__ = ["check_parallel_groups", "check_dispatch_tokens", "check_combine_tokens", "check_activation_bytes",
+           "check_fits", "reference_parallel_groups", "reference_dispatch", "reference_activation_bytes",
+           "reference_fits", "moe_cases"]

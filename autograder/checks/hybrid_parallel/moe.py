@@ -1,0 +1,187 @@
+"""``check_dispatch_tokens`` and ``check_combine_tokens``: the mixture-of-experts cases drawn for every rank, the
+reference dispatch, and the probe that runs on the workers (results against the single-process layer, the bytes
+that cross ranks in all-to-all calls).
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from .._common import draw_seed, run_on_workers, short
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# mixture of experts: dispatch and combine
+
+
+def moe_cases(seed: int, world_size: int) -> list:
+    """Inputs for every rank: a list of cases, each ``{"num_experts", "tokens": [per rank], "experts": [per rank]}``.
+    Every case has an expert that receives no token; some have a rank with no tokens, or every token on one expert."""
+    rng = random.Random(seed * 31 + world_size)
+    gen = torch.Generator().manual_seed(seed)
+    cases = []
+    for index in range(4):
+        k = rng.choice([1, 2]) if index else 2
+        num_experts = world_size * k
+        d = rng.randint(16, 24)
+        dtype = rng.choice([torch.float32, torch.float64])
+        empty = rng.randrange(num_experts)
+        allowed = [e for e in range(num_experts) if e != empty]
+        if index == 3:
+            allowed = [rng.choice(allowed)]  # every token to one expert
+        tokens, experts = [], []
+        idle = rng.randrange(world_size) if index in (1, 3) else None
+        for r in range(world_size):
+            n = 0 if r == idle else rng.randint(3, 14)
+            tokens.append(torch.randn(n, d, generator=gen, dtype=torch.float64).to(dtype))
+            choice = torch.randint(0, len(allowed), (n,), generator=gen)
+            experts.append(torch.tensor(allowed, dtype=torch.long)[choice])
+        cases.append({"num_experts": num_experts, "tokens": tokens, "experts": experts, "empty": empty})
+    return cases
+
+
+def reference_dispatch(tokens_per_rank, experts_per_rank, num_experts, rank):
+    """What ``dispatch_tokens`` returns on ``rank``: per local expert, the rows routed to it, by source rank then
+    position."""
+    world = len(tokens_per_rank)
+    k = num_experts // world
+    return [torch.cat([t[e == rank * k + j] for t, e in zip(tokens_per_rank, experts_per_rank)])
+            for j in range(k)]
+
+
+def _expert_fn(e: int, x):
+    """What expert ``e`` does in the checks: a narrower output that carries the expert's number."""
+    width = x.shape[1] // 2 + 3
+    return x[:, :width] * (e + 1) + 0.25 * e
+
+
+def _agree(failure):
+    """Every rank learns the first problem any rank found (rank order), or None: all stop at the same point, and
+    whichever rank reports it, the message is the one that explains it."""
+    import torch.distributed as dist
+
+    found = [None] * dist.get_world_size()
+    dist.all_gather_object(found, failure)
+    return next((f for f in found if f is not None), None)
+
+
+_METADATA = 64  # bytes of counts a rank may exchange per peer and per expert, beyond the rows themselves
+
+
+def _volume(calls, rows_bytes, remote_bytes, num_experts, world, what):
+    kinds = {c.kind for c in calls}
+    if kinds & {"send", "recv"}:
+        return (f"{what} used send/recv: exchange the rows with one all-to-all (dist.all_to_all_single or "
+                "dist.all_to_all), the collective this exercise is about.")
+    moved = sum(c.nbytes for c in calls if c.kind in ("all_to_all", "all_to_all_single"))
+    total = sum(c.nbytes for c in calls)
+    if moved < remote_bytes:
+        return (f"{what} passed {moved} B through all-to-all calls, but {remote_bytes} B of rows are bound for "
+                "other ranks: the rows themselves must travel in the all-to-all.")
+    allowed = rows_bytes + _METADATA * (num_experts + world)
+    if total > allowed:
+        return (f"{what} communicated {total} B ({sorted(kinds)}); sending every row once takes {rows_bytes} B, "
+                "plus a few counts: send each row only to the rank that needs it.")
+    return None
+
+
+def _copy(ts):
+    return [t.clone() for t in ts]
+
+
+def _moe_probe(fn, seed, which):
+    import torch.distributed as dist
+
+    from labsupport import CommCounter
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for index, case in enumerate(moe_cases(seed, world)):
+        E, tokens, experts = case["num_experts"], case["tokens"], case["experts"]
+        k = E // world
+        mine, route = tokens[rank].clone(), experts[rank].clone()
+        owner = route // k
+        failure = None
+        where = (f"case {index + 1} (seed {seed}): {E} experts on {world} ranks, {len(mine)} tokens of width "
+                 f"{mine.shape[1]} ({str(mine.dtype).replace('torch.', '')}) on rank {rank}, expert {case['empty']} "
+                 "gets no token")
+        try:
+            if which == "dispatch":
+                with CommCounter() as cc:
+                    got = fn(mine, route, E)
+                expected = reference_dispatch(tokens, experts, E, rank)
+                if not isinstance(got, (list, tuple)) or len(got) != k:
+                    failure = (f"dispatch_tokens should return a list of {k} tensors (one per local expert, empty "
+                               f"ones included), got {short(got)}; {where}.")
+                else:
+                    for j, (g, x) in enumerate(zip(got, expected)):
+                        e = rank * k + j
+                        if not isinstance(g, torch.Tensor) or g.shape != x.shape or g.dtype != x.dtype:
+                            failure = (f"item {j} (expert {e}): expected shape {tuple(x.shape)} {x.dtype}, got "
+                                       f"{short(g)}; an expert with no tokens gets a (0, d) tensor; {where}.")
+                        elif not torch.equal(g, x):
+                            failure = (f"item {j} (expert {e}) holds the right number of rows in the wrong order or "
+                                       f"with wrong values: got {short(g)}, expected {short(x)}. Rows are ordered by "
+                                       f"source rank, then by position in that rank's tokens; {where}.")
+                        if failure:
+                            break
+                rows = mine.numel() * mine.element_size()
+                remote = int((owner != rank).sum()) * mine.shape[1] * mine.element_size()
+                failure = failure or _volume(cc.calls, rows, remote, E, world, "dispatch_tokens")
+            else:
+                inputs = reference_dispatch(tokens, experts, E, rank)
+                outputs = [_expert_fn(rank * k + j, x) for j, x in enumerate(inputs)]
+                given = _copy(outputs)
+                with CommCounter() as cc:
+                    got = fn(given, route, E)
+                width = mine.shape[1] // 2 + 3
+                expected = torch.zeros(len(mine), width, dtype=mine.dtype)
+                for i in range(len(mine)):
+                    expected[i] = _expert_fn(int(route[i]), mine[i:i + 1])[0]
+                if not isinstance(got, torch.Tensor) or got.shape != expected.shape or got.dtype != expected.dtype:
+                    failure = (f"combine_tokens should return a ({len(mine)}, {width}) {expected.dtype} tensor (one "
+                               f"row per token of this rank, the experts' width), got {short(got)}; {where}.")
+                elif not torch.equal(got, expected):
+                    bad = int((got != expected).any(dim=1).nonzero()[0])
+                    hint = ""
+                    order = torch.argsort(route, stable=True)
+                    if torch.equal(got, expected[order]):
+                        hint = (" Your rows are sorted by expert: put each row back at the position of its token "
+                                "(the inverse of the permutation that grouped them by expert).")
+                    failure = (f"row {bad} (token {bad}, routed to expert {int(route[bad])}) is "
+                               f"{short(got[bad])}, expected {short(expected[bad])}.{hint} {where}.")
+                rows = sum(o.numel() * o.element_size() for o in outputs)
+                own_rows = sum(int(((experts[s] // k) == rank).sum()) for s in range(world) if s != rank)
+                remote = own_rows * width * mine.element_size()
+                failure = failure or _volume(cc.calls, rows, remote, E, world, "combine_tokens")
+                if failure is None and any(not torch.equal(a, b) for a, b in zip(given, outputs)):
+                    failure = f"combine_tokens changed expert_outputs in place: leave its inputs untouched; {where}."
+            if failure is None and (not torch.equal(mine, tokens[rank]) or not torch.equal(route, experts[rank])):
+                failure = f"{which}_tokens changed its inputs in place: leave tokens and expert_of_token untouched; {where}."
+        except (NotImplementedError, AssertionError):
+            raise
+        except Exception as exc:
+            # raise at once: the other ranks may be blocked in a collective this rank never reached, and the
+            # launcher stops them when one rank fails
+            raise AssertionError(f"{which}_tokens raised {type(exc).__name__}: {exc}; {where}.") from None
+        first = _agree(failure)
+        if first is not None:
+            raise AssertionError(first)
+    return True
+
+
+def _check_moe(fn, which):
+    seed = draw_seed()
+    for world in (2, 3, 4):
+        run_on_workers(_moe_probe, fn, seed, which, world_size=world, what=f"{which}_tokens", timeout=30)
+
+
+def check_dispatch_tokens(dispatch_tokens):
+    """On 2, 3, 4 ranks: each expert's rows, in source-rank order, sent once through all-to-all."""
+    _check_moe(dispatch_tokens, "dispatch")
+
+
+def check_combine_tokens(combine_tokens):
+    """On 2, 3, 4 ranks: every token's expert output back at the token's position, through all-to-all."""
+    _check_moe(combine_tokens, "combine")
