@@ -1,4 +1,4 @@
-"""The static screen (autograder/screen.py) flags what honest answers never need, and no honest answer.
+"""The static screen (autograder/screen/) flags what honest answers never need, and no honest answer.
 
 No kernels: every solution cell of every notebook in solutions/, and every correct alternative of the checks'
 mutation tests (tests/test_*_checks.py), must come out without a flag; each kind of cheat must be flagged.
