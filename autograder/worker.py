@@ -104,6 +104,7 @@ def init_worker(template: str, work_root: str, out_dir: str, cell_timeout: float
                    course_root=course_root, judge=None, judge_logs=root.with_suffix(".judges"),
                    unstarted=unstarted, tag=run_tag(work_root))
     _WORKER["judge_logs"].mkdir(exist_ok=True)
+    _share_fork_server()
     if unstarted is None or unstarted.value > 0:
         _spare_judge()
     # a grader worker ends with os._exit: multiprocessing's finalizers still run, atexit handlers do not
@@ -116,6 +117,32 @@ def _close_spare():
     judge = _WORKER.get("judge")
     if judge is not None:
         judge.close()
+    if _WORKER.get("fork_folder"):
+        from labsupport._pool import _stop_forkserver
+
+        _stop_forkserver()
+        shutil.rmtree(_WORKER["fork_folder"], ignore_errors=True)
+
+
+def _share_fork_server() -> None:
+    """Start one fork server for every kernel and judge of this grading process (``LABSUPPORT_FORK_SERVER``).
+
+    Each of them would otherwise start a server of its own, which imports torch and torch._dynamo: about 3 s of
+    CPU twice per notebook. The server never runs a submission's code (a worker forked from it gets its task from
+    the kernel or the judge that asked for it) and stops when this process ends; its socket lives in a folder that
+    ``remove_leftovers`` finds.
+    """
+    from labsupport import _pool
+
+    from .judge import judge_tmp
+
+    os.environ.pop(_pool.SHARED_SERVER_ENV, None)  # not one inherited from whoever started the grader
+    folder = tempfile.mkdtemp(prefix=f"judge-{_WORKER['tag']}-fork-", dir=judge_tmp())
+    _WORKER["fork_folder"] = folder
+    try:
+        os.environ[_pool.SHARED_SERVER_ENV] = _pool.start_shared_server(folder)
+    except Exception:  # grading goes on; each kernel and judge starts a server of its own
+        pass
 
 
 def run_tag(work_root: str) -> str:

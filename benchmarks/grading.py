@@ -27,6 +27,22 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 CPU: dict[int, float] = {}  # --jobs -> CPU seconds of the grading command and the processes it waited for
+MACHINE_CPU: dict[int, float] = {}  # --jobs -> CPU seconds the whole machine used meanwhile (Linux), every process
+
+
+def machine_cpu() -> float | None:
+    """CPU seconds this machine has spent so far (all processes, all cores); None where /proc/stat is missing.
+
+    Processes nobody waits for (a fork server left to exit by itself, the workers it forks) are not in
+    RUSAGE_CHILDREN; on an otherwise idle machine this counts them too.
+    """
+    try:
+        with open("/proc/stat") as fh:
+            fields = fh.readline().split()[1:]
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in fields[:7])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
 def grade(subs: Path, out: Path, jobs: int, course: Path, assignment: str | None, package: Path = REPO) -> float:
@@ -36,12 +52,15 @@ def grade(subs: Path, out: Path, jobs: int, course: Path, assignment: str | None
         cmd += ["--assignment", assignment]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(package), os.environ.get("PYTHONPATH")])),
                AUTOGRADER_TIMINGS=str(out.parent / f"timings-{out.name}.json"))
+    machine = machine_cpu()
     started = time.perf_counter()
     cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(cmd, cwd=package, env=env, capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     CPU[jobs] = (after.ru_utime - cpu.ru_utime) + (after.ru_stime - cpu.ru_stime)
+    if machine is not None:
+        MACHINE_CPU[jobs] = machine_cpu() - machine
     if proc.returncode != 0:
         sys.exit(f"grading failed ({' '.join(cmd)}):\n{proc.stdout}\n{proc.stderr}")
     return seconds
@@ -92,11 +111,17 @@ def main() -> int:
         n = args.copies * len(ids)
         print(f"grading {args.copies} copies of the solutions of {', '.join(ids)} ({n} notebooks) "
               f"on {os.cpu_count()} cores", flush=True)
+        if hasattr(os, "getloadavg") and os.getloadavg()[0] > 0.5:
+            print(f"  note: the machine is busy (load {os.getloadavg()[0]:.1f}): times and ratios are not "
+                  "representative", flush=True)
         times = {}
         for jobs in args.jobs:
             times[jobs] = grade(subs, Path(tmp) / f"out{jobs}", jobs, course, args.assignment, args.package.resolve())
             print(f"  --jobs {jobs}: {times[jobs]:7.1f} s  ({times[jobs] / n:.1f} s per notebook, "
-                  f"{CPU[jobs] / n:.1f} CPU s per notebook)", flush=True)
+                  f"{CPU[jobs] / n:.1f} CPU s per notebook"
+                  + (f"; the machine: {MACHINE_CPU[jobs] / n:.1f} CPU s per notebook, "
+                     f"{MACHINE_CPU[jobs] / times[jobs]:.2f} cores busy" if jobs in MACHINE_CPU else "") + ")",
+                  flush=True)
             print(breakdown(Path(tmp) / f"timings-out{jobs}.json", jobs, times[jobs]), flush=True)
         rows = {}
         for jobs in args.jobs:

@@ -123,11 +123,92 @@ def _preload() -> list:
     return ["labsupport._worker"] + (["torch._dynamo"] if heavy else [])
 
 
+#: ``"<pid>:<socket path>"`` of a running fork server to fork workers from instead of starting one (the grader
+#: starts one per grading process and shares it between the kernel and the judge of each notebook).
+SHARED_SERVER_ENV = "LABSUPPORT_FORK_SERVER"
+
+
+def _shared_server() -> tuple[int, str] | None:
+    pid, sep, path = os.environ.get(SHARED_SERVER_ENV, "").partition(":")
+    if not sep or not pid.isdigit() or not os.path.exists(path) or not _owner_alive(int(pid)):
+        return None
+    try:  # a server that died but was not reaped yet still answers kill(pid, 0)
+        with open(f"/proc/{pid}/stat") as fh:
+            if fh.read().rpartition(")")[2].split()[0] in ("Z", "X"):
+                return None
+    except (OSError, IndexError):
+        pass
+    return int(pid), path
+
+
+def _adopt_shared_server() -> None:
+    """Fork workers from the server named by ``LABSUPPORT_FORK_SERVER`` while it runs.
+
+    multiprocessing only talks to a fork server it started itself: its ``ForkServer`` keeps the server's address,
+    its pid (to notice that it died) and the write end of the pipe that keeps it alive, which every worker
+    inherits. Adopting a server means setting the address, giving the workers a harmless descriptor instead of
+    that pipe (the server's owner holds the real one), and checking before each start that the server still
+    runs. Once it has gone, this process starts a server of its own, as without the variable. Nothing here
+    runs in the server: a worker's task still comes from this process only.
+    """
+    from multiprocessing import forkserver, resource_tracker
+
+    server = forkserver._forkserver
+    shared = _shared_server()
+    if shared is None or server._forkserver_pid is not None or getattr(server, "_labsupport_shared", False):
+        return
+    own_ensure_running = type(server).ensure_running
+
+    def ensure_running():
+        if server._forkserver_address == shared[1] and _shared_server() == shared:
+            resource_tracker.ensure_running()
+            return
+        with server._lock:  # the shared server is gone: back to a server of our own
+            if server._forkserver_address == shared[1]:
+                server._forkserver_address = None
+                os.close(server._forkserver_alive_fd)
+                server._forkserver_alive_fd = None
+        server.ensure_running = lambda: own_ensure_running(server)
+        own_ensure_running(server)
+
+    with server._lock:
+        server._forkserver_address = shared[1]
+        server._forkserver_alive_fd = os.open(os.devnull, os.O_WRONLY)
+        server.ensure_running = ensure_running
+        server._labsupport_shared = True
+
+
+def start_shared_server(folder: str) -> str:
+    """Start a fork server in this process for others to share; returns the ``LABSUPPORT_FORK_SERVER`` value.
+
+    It preloads torch._dynamo too (every kernel and judge that uses it may need it), keeps its listener socket in
+    ``folder``, and stops when this process ends or calls ``shutdown``.
+    """
+    from multiprocessing import forkserver, process
+
+    process.current_process()._config["tempdir"] = folder
+    saved = os.environ.get("LABSUPPORT_PRELOAD_DYNAMO")
+    os.environ["LABSUPPORT_PRELOAD_DYNAMO"] = "1"
+    try:
+        with _NoMainImport():
+            _mp_context()
+            server = forkserver._forkserver
+            server.ensure_running()
+    finally:
+        if saved is None:
+            os.environ.pop("LABSUPPORT_PRELOAD_DYNAMO", None)
+        else:
+            os.environ["LABSUPPORT_PRELOAD_DYNAMO"] = saved
+    return f"{server._forkserver_pid}:{server._forkserver_address}"
+
+
 def _mp_context():
     methods = multiprocessing.get_all_start_methods()
     if "forkserver" in methods:
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(_preload())
+        if os.environ.get(SHARED_SERVER_ENV):
+            _adopt_shared_server()
         return ctx
     return multiprocessing.get_context("spawn")  # pragma: no cover - Windows
 
@@ -381,7 +462,7 @@ def _start_fork_server() -> None:
         with _POOL.lock, _NoMainImport():
             if _mp_context().get_start_method() == "forkserver":
                 _POOL.folder()  # the server's listener socket goes there
-                forkserver.ensure_running()
+                forkserver._forkserver.ensure_running()  # (the instance's: it may use a shared server)
     except Exception:  # an early start is only a head start: run() starts the server itself if this failed
         pass
 
