@@ -99,12 +99,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="replace DIR if it exists")
     _add_course(p)
 
-    p = sub.add_parser("check", help="run a notebook's visible tests and print a local score",
+    p = sub.add_parser("check", help="run a notebook's tests and print its score and the grader's messages",
                        description="Run NOTEBOOK top to bottom in a fresh kernel (in the notebook's folder, with "
-                                   "LABSUPPORT_GRADING=1) and report, per exercise, whether its visible tests "
-                                   "pass. Hidden tests run only at grading time, so the score is an estimate. "
-                                   "Exit status: 0 when every visible test passes, 1 otherwise, 2 on bad input.")
+                                   "LABSUPPORT_GRADING=1) and report, per exercise, whether its tests pass. Where "
+                                   "the course's hidden tests are present (the course repository), the grader's "
+                                   "judge runs them meanwhile and each exercise gets the grader's verdict and "
+                                   "message; elsewhere (the student edition) the visible tests give an estimate. "
+                                   "Exit status: 0 when every test passes, 1 otherwise, 2 on bad input.")
     p.add_argument("notebook", metavar="NOTEBOOK")
+    p.add_argument("--course", metavar="DIR", default=None,
+                   help="course root holding solutions/ and notebooks/ (default: this repository)")
     p.add_argument("--cell-timeout", metavar="S", type=_positive, default=CELL_TIMEOUT,
                    help=f"seconds a cell may run before it is interrupted (default: {CELL_TIMEOUT})")
     return parser
@@ -149,7 +153,7 @@ def main(argv=None) -> int:
         if args.command == "check":
             from .check import check
 
-            return check(args.notebook, args.cell_timeout)
+            return check(args.notebook, args.cell_timeout, course_root=args.course)
     except CourseError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

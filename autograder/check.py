@@ -1,9 +1,13 @@
-"""``python -m autograder check NOTEBOOK``: the student's local estimate.
+"""``python -m autograder check NOTEBOOK``: what the grader would say, before handing in.
 
 Runs the notebook top to bottom in a fresh kernel (working directory: the notebook's folder,
-``LABSUPPORT_GRADING=1``), then reports per exercise whether its answer cell and its visible tests ran without
-error. The hidden tests are not in a student's copy, so the score is an estimate: exercises whose visible tests all
-pass, out of the total.
+``LABSUPPORT_GRADING=1``) and reports per exercise whether its answer cell and its tests ran without error.
+
+Where this copy of the course has the hidden tests (the course repository: ``solutions/`` and
+``autograder/checks/``), the grader's own judge runs them on the notebook's definitions while the kernel runs, and
+each exercise shows the judge's verdict with the same message the grader's feedback page would give; the score is
+the hidden tests' (on inputs drawn now). The student edition has no hidden tests: there the report comes from the
+visible tests, and the score is an estimate.
 """
 
 from __future__ import annotations
@@ -43,13 +47,102 @@ def exercises(nb) -> list[Exercise]:
 def _error_line(cell) -> str | None:
     for out in cell.get("outputs", []):
         if out.get("output_type") == "error":
-            value = str(out.get("evalue", "")).strip().splitlines()
-            return f"{out.get('ename')}: {value[-1]}" if value else str(out.get("ename"))
+            ename, value = out.get("ename"), str(out.get("evalue", "")).strip().splitlines()
+            if ename == "NotImplementedError" or (value and "NotImplementedError" in value[-1]):
+                return "not implemented yet (it raises NotImplementedError)"
+            return f"{ename}: {value[-1]}" if value else str(ename)
     return None
 
 
-def check(path, timeout: float = CELL_TIMEOUT, stream=None) -> int:
-    """Run the check and print the report; returns the exit status (0 all visible tests pass, 1 otherwise)."""
+@dataclass
+class Hidden:
+    """The grader's hidden tests of one assignment, where this copy of the course has them (not in the student
+    edition): the course root and the instructor's and the students' notebooks."""
+    root: Path
+    source: object
+    release: object
+
+
+def hidden_tests(path: Path, course_root=None) -> Hidden | None:
+    import nbformat
+
+    from .course import Course
+
+    try:
+        course = Course.at(course_root)
+    except CourseError:
+        return None
+    aid = path.stem
+    source, release = course.source_notebook(aid), course.notebooks / aid / f"{aid}.ipynb"
+    if not ((course.root / "autograder" / "checks").is_dir() and source.is_file() and release.is_file()):
+        return None
+    return Hidden(course.root, nbformat.read(source, as_version=4), nbformat.read(release, as_version=4))
+
+
+class _SharedServer:
+    """One fork server for the check's kernel and judge (each would start its own), in a folder removed after."""
+
+    def __enter__(self):
+        import os
+        import tempfile
+
+        from labsupport import _pool
+
+        from .judge import judge_tmp
+
+        self.folder = tempfile.mkdtemp(prefix="check-", dir=judge_tmp())
+        self.saved = os.environ.get(_pool.SHARED_SERVER_ENV)
+        try:
+            os.environ[_pool.SHARED_SERVER_ENV] = _pool.start_shared_server(self.folder)
+        except Exception:
+            os.environ.pop(_pool.SHARED_SERVER_ENV, None)
+        return self
+
+    def __exit__(self, *exc):
+        import os
+        import shutil
+
+        from labsupport import _pool
+
+        _pool._stop_forkserver()
+        _pool._forget_mp_tempdir(self.folder)
+        shutil.rmtree(self.folder, ignore_errors=True)
+        if self.saved is None:
+            os.environ.pop(_pool.SHARED_SERVER_ENV, None)
+        else:
+            os.environ[_pool.SHARED_SERVER_ENV] = self.saved
+
+
+def _judge(nb, hidden: Hidden, timeout: float, log_dir: Path):
+    """Start the grader's judge on this notebook's definitions (it runs while the kernel does)."""
+    from .judge import Judge, judge_spec
+    from .tamper import repair
+
+    repaired, _ = repair(nb, hidden.release, hidden.source)
+    judge = Judge(str(hidden.root), log_dir, "check")
+    judge.start(judge_spec(repaired, hidden.source, hidden.release, timeout))
+    return judge
+
+
+def _verdicts(judge, hidden: Hidden, timeout: float) -> dict:
+    """grade_id -> (points, message or None): the judge's verdicts, worded as the grader's feedback words them."""
+    from . import feedback as fb
+    from .judge import verdicts_to_points
+
+    full = _points(hidden.source)
+    report = judge.result(120.0 + len(full) * (timeout + 30.0))
+    secret = fb.hidden_lines(hidden.source, hidden.release)
+    return {gid: (points, None if message is None else fb.clean_value(message, secret))
+            for gid, (points, message) in verdicts_to_points(report, full).items()}
+
+
+def _points(nb) -> dict[str, float]:
+    return {nbgrader_meta(c)["grade_id"]: float(nbgrader_meta(c).get("points", 0))
+            for c in nb.cells if nbgrader_meta(c).get("grade")}
+def check(path, timeout: float = CELL_TIMEOUT, stream=None, course_root=None) -> int:
+    """Run the check and print the report; returns the exit status (0 all tests pass, 1 otherwise)."""
+    import tempfile
+
     import nbformat
 
     stream = stream or sys.stdout
@@ -63,13 +156,46 @@ def check(path, timeout: float = CELL_TIMEOUT, stream=None) -> int:
     found = exercises(nb)
     if not found:
         raise CourseError(f"{path} has no exercises (no cells with nbgrader answer metadata)")
-    print(f"Checking {path} in a fresh kernel (this runs every cell; it can take a minute)...", file=stream,
-          flush=True)
+    hidden = hidden_tests(path, course_root)
+    print(f"Checking {path} in a fresh kernel"
+          + (", and with the grader's hidden tests" if hidden else "")
+          + " (this runs every cell; it can take a minute)...", file=stream, flush=True)
     folder = path.resolve().parent
-    progress = Progress(len(nb.cells), "running", plain=False)
-    record = run_notebook(nb, folder, timeout, env=kernel_env([folder.parent.parent]), progress=progress)
-    progress.close()
+    verdicts = None
+    with _SharedServer(), tempfile.TemporaryDirectory(prefix="check-logs-") as logs:
+        judge = _judge(nb, hidden, timeout, Path(logs)) if hidden else None
+        try:
+            progress = Progress(len(nb.cells), "running", plain=False)
+            record = run_notebook(nb, folder, timeout, env=kernel_env([folder.parent.parent]), progress=progress)
+            progress.close()
+            if judge is not None:
+                verdicts = _verdicts(judge, hidden, timeout)
+        finally:
+            if judge is not None:
+                judge.close()
+    earned, total = _report(nb, found, record, verdicts, stream)
+    if record.failure == "dead_kernel":
+        print(f"\nThe kernel died while running {record.failure_cell}; later cells did not run.", file=stream)
+    elif record.failure == "unresponsive":
+        print(f"\n{record.failure_cell} was still running after {timeout:g} s and ignored the interrupt; "
+              "later cells did not run.", file=stream)
+    elif record.failure:
+        print(f"\nThe run stopped early: {record.failure_cell}", file=stream)
+    if record.timed_out:
+        print(f"\nStopped after {timeout:g} s: {', '.join(record.timed_out)}", file=stream)
+    if verdicts is not None:
+        print(f"\nScore from the grader's hidden tests: {earned:g} / {total:g} points.\n"
+              "The messages are the ones the grader's feedback gives. Grading draws new inputs and also runs your "
+              "notebook top to bottom, so keep every cell working.", file=stream)
+    else:
+        print(f"\nLocal estimate: {earned:g} / {total:g} points from the visible tests.\n"
+              "This is an estimate: grading also runs hidden tests, which are not in your copy, so your grade can be "
+              "lower.", file=stream)
+    return 0 if earned == total and not record.failure else 1
 
+
+def _report(nb, found: list[Exercise], record, verdicts: dict | None, stream) -> tuple[float, float]:
+    """One line per exercise; returns (points earned, points in all)."""
     width = max(len(e.name) for e in found)
     total = sum(e.points for e in found)
     earned = 0.0
@@ -82,10 +208,21 @@ def check(path, timeout: float = CELL_TIMEOUT, stream=None) -> int:
                 problems.append(f"{cell_label(cell, i)} did not run")
                 break
             err = _error_line(cell)
-            if err:
+            if err and not (verdicts is not None and nbgrader_meta(cell).get("grade")):
                 problems.append(f"{cell_label(cell, i)}: {err}")
+        hidden = [(nbgrader_meta(nb.cells[i])["grade_id"], verdicts.get(nbgrader_meta(nb.cells[i])["grade_id"]))
+                  for i in ex.tests if verdicts is not None and nbgrader_meta(nb.cells[i]).get("grade")]
+        failed_hidden = [f"{gid}: {v[1]}" for gid, v in hidden if v is not None and v[1] is not None]
         checked = any(has_visible_code(nb.cells[i].source) for i in ex.tests)
-        if problems:
+        if verdicts is not None:
+            points = sum(v[0] for _, v in hidden if v is not None)
+            earned += points
+            problems = failed_hidden + problems
+            verdict = ("ok    hidden tests passed" if not problems else "FAIL  " + problems[0]
+                       + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+            if not failed_hidden and problems:
+                verdict = "ok    hidden tests passed, but " + problems[0]
+        elif problems:
             verdict = "FAIL  " + problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
         elif not checked:
             verdict = "----  no visible test for this exercise"
@@ -93,16 +230,4 @@ def check(path, timeout: float = CELL_TIMEOUT, stream=None) -> int:
             verdict = "ok    visible tests passed"
             earned += ex.points
         print(f"  {ex.name.ljust(width)}  {ex.points:>4g} pts  {verdict}", file=stream)
-    if record.failure == "dead_kernel":
-        print(f"\nThe kernel died while running {record.failure_cell}; later cells did not run.", file=stream)
-    elif record.failure == "unresponsive":
-        print(f"\n{record.failure_cell} was still running after {timeout:g} s and ignored the interrupt; "
-              "later cells did not run.", file=stream)
-    elif record.failure:
-        print(f"\nThe run stopped early: {record.failure_cell}", file=stream)
-    if record.timed_out:
-        print(f"\nStopped after {timeout:g} s: {', '.join(record.timed_out)}", file=stream)
-    print(f"\nLocal estimate: {earned:g} / {total:g} points from the visible tests.\n"
-          "This is an estimate: grading also runs hidden tests, which are not in your copy, so your grade can be "
-          "lower.", file=stream)
-    return 0 if earned == total and not record.failure else 1
+    return earned, total
