@@ -64,13 +64,14 @@ def _solution_bodies() -> dict[str, list[str]]:
                     bodies[f"{path.stem} cell {i}"] = _norm_lines("\n".join(region))
                 elif inside:
                     region.append(line)
-    for path in sorted((REPO / "autograder" / "checks").glob("*.py")):
+    checks = REPO / "autograder" / "checks"
+    for path in sorted(checks.rglob("*.py")):  # modules and packages (their submodules too)
         source = path.read_text()
         for node in ast.walk(ast.parse(source)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 body = ast.get_source_segment(source, node) or ""
                 lines = _norm_lines("\n".join(body.splitlines()[1:]))  # without the def line
-                bodies[f"{path.name}:{node.name}"] = lines
+                bodies[f"{path.relative_to(checks).as_posix()}:{node.name}"] = lines
     return {k: v for k, v in bodies.items() if v}
 
 
@@ -119,6 +120,8 @@ def test_layout(edition):
 def _leaks(root: Path) -> list[str]:
     bodies = _solution_bodies()
     assert len(bodies) > 20, "found too few solution bodies: is the course there?"
+    packages = {name.split("/")[0] for name in bodies if "/" in name.split(":")[0]}
+    assert "ring_allreduce" in packages, "the check packages' submodules are not read"
     index = {}
     for name, lines in _edition_texts(root).items():
         for k in range(len(lines)):  # every run of 1, 2 and WINDOW lines
