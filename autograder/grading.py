@@ -5,9 +5,10 @@ Flow:
 1. ``discover`` finds ``STUDENT/ASSIGNMENT/ASSIGNMENT.ipynb`` for every student and assignment; a missing or
    renamed notebook becomes a ``failed`` row right away, with what was found instead.
 2. ``build_course_dir`` makes a template nbgrader course (release + gradebook) in a temporary directory.
-3. ``--jobs N`` worker processes each copy the template into their own course directory and gradebook and take
-   submissions one at a time: parse, compare with the release (``tamper.repair``), screen the student's cells
-   (``screen.py``: flags for review), hand the student's cells to a judge process (``judge.py``, started by the
+3. ``--jobs N`` worker processes each start one fork server for the kernels and judges they start (each would
+   otherwise import torch into a server of its own), copy the template into their own course directory and
+   gradebook and take submissions one at a time: parse, compare with the release (``tamper.repair``), screen the student's cells
+   (``screen``: flags for review), hand the student's cells to a judge process (``judge.py``, started by the
    grader, never by the kernel), ``nbgrader autograde`` through the Python API with our guarded ``Execute``
    preprocessor while the judge works, take the points from the judge (a test where the kernel's run and the
    judge's differ is flagged), write the feedback page.
