@@ -130,6 +130,7 @@ CHEATS = {
     "subprocess": ("import subprocess\nsubprocess.run(['ls'])", "starts processes"),
     "os.system": ("import os\nos.system('ls')", "shell command"),
     "kill the grader": ("import os\nos.kill(os.getppid(), 9)", "sends a signal"),
+    "socket": ("import socket\nsocket.socket(socket.AF_UNIX).connect('/tmp/x')", "opens sockets"),
     "globals": ("g = globals()", "uses globals()"),
 }
 

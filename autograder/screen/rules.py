@@ -17,6 +17,7 @@ FLAGGED_MODULES = {
     "inspect": "uses inspect",
     "subprocess": "starts processes (subprocess)",
     "signal": "handles signals",
+    "socket": "opens sockets (socket)",
     "IPython": "uses IPython's machinery",
     "ipykernel": "uses the kernel's machinery",
     "nbgrader": "imports nbgrader",
