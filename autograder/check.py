@@ -86,31 +86,31 @@ class _SharedServer:
         import os
         import tempfile
 
-        from labsupport import _pool
+        from labsupport import _forkserver
 
         from .judge import judge_tmp
 
         self.folder = tempfile.mkdtemp(prefix="check-", dir=judge_tmp())
-        self.saved = os.environ.get(_pool.SHARED_SERVER_ENV)
+        self.saved = os.environ.get(_forkserver.SHARED_SERVER_ENV)
         try:
-            os.environ[_pool.SHARED_SERVER_ENV] = _pool.start_shared_server(self.folder)
+            os.environ[_forkserver.SHARED_SERVER_ENV] = _forkserver.start_shared_server(self.folder)
         except Exception:
-            os.environ.pop(_pool.SHARED_SERVER_ENV, None)
+            os.environ.pop(_forkserver.SHARED_SERVER_ENV, None)
         return self
 
     def __exit__(self, *exc):
         import os
         import shutil
 
-        from labsupport import _pool
+        from labsupport import _forkserver
 
-        _pool._stop_forkserver()
-        _pool._forget_mp_tempdir(self.folder)
+        _forkserver._stop_forkserver()
+        _forkserver._forget_mp_tempdir(self.folder)
         shutil.rmtree(self.folder, ignore_errors=True)
         if self.saved is None:
-            os.environ.pop(_pool.SHARED_SERVER_ENV, None)
+            os.environ.pop(_forkserver.SHARED_SERVER_ENV, None)
         else:
-            os.environ[_pool.SHARED_SERVER_ENV] = self.saved
+            os.environ[_forkserver.SHARED_SERVER_ENV] = self.saved
 
 
 def _judge(nb, hidden: Hidden, timeout: float, log_dir: Path):

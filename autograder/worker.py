@@ -21,13 +21,21 @@ from pathlib import Path
 
 from . import feedback as fb
 from .course import RELEASE, SOURCE
-from .execute import CURRENT, cell_label, guarded_execute_class, kernel_env, nbgrader_meta, reset_record
+from .execute import CURRENT, guarded_execute_class, kernel_env, nbgrader_meta, reset_record
 from .judge import judge_spec
+from .reading import (
+    _compose,
+    _failure_reason,
+    _one_line,
+    _other_errors,
+    _outcomes,
+    _read_submission,
+    _unique_ids,
+)
 from .screen import screen_notebook
 
 INFRA_ATTEMPTS = 3  # tries of nbgrader autograde when it fails before any cell of the submission ran
 CSV_COLUMNS = ["student", "assignment", "points", "max_points", "status", "reason", "tampered_cells", "flags"]
-MAX_REASON = 1000
 
 
 @dataclass
@@ -118,7 +126,7 @@ def _close_spare():
     if judge is not None:
         judge.close()
     if _WORKER.get("fork_folder"):
-        from labsupport._pool import _stop_forkserver
+        from labsupport._forkserver import _stop_forkserver
 
         _stop_forkserver()
         shutil.rmtree(_WORKER["fork_folder"], ignore_errors=True)
@@ -132,15 +140,15 @@ def _share_fork_server() -> None:
     the kernel or the judge that asked for it) and stops when this process ends; its socket lives in a folder that
     ``remove_leftovers`` finds.
     """
-    from labsupport import _pool
+    from labsupport import _forkserver
 
     from .judge import judge_tmp
 
-    os.environ.pop(_pool.SHARED_SERVER_ENV, None)  # not one inherited from whoever started the grader
+    os.environ.pop(_forkserver.SHARED_SERVER_ENV, None)  # not one inherited from whoever started the grader
     folder = tempfile.mkdtemp(prefix=f"judge-{_WORKER['tag']}-fork-", dir=judge_tmp())
     _WORKER["fork_folder"] = folder
     try:
-        os.environ[_pool.SHARED_SERVER_ENV] = _pool.start_shared_server(folder)
+        os.environ[_forkserver.SHARED_SERVER_ENV] = _forkserver.start_shared_server(folder)
     except Exception:  # grading goes on; each kernel and judge starts a server of its own
         pass
 
@@ -191,152 +199,6 @@ def max_points(release) -> float:
         release = json.loads(Path(release).read_text(encoding="utf-8"))
     cells = release["cells"]
     return float(sum(nbgrader_meta(c).get("points", 0) for c in cells if nbgrader_meta(c).get("grade")))
-
-
-def _read_submission(path: str):
-    """The submitted notebook, or the reason it cannot be read."""
-    import nbformat
-
-    try:
-        raw = Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        return None, f"grading failed: notebook is not UTF-8 text ({exc.reason} at byte {exc.start})"
-    if not raw.strip():
-        return None, "grading failed: the notebook file is empty (0 bytes of JSON)"
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        return None, f"grading failed: notebook is not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg})"
-    if not isinstance(data, dict) or not ("cells" in data or "worksheets" in data):
-        return None, "grading failed: the file is JSON but not a Jupyter notebook (it has no cells)"
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # nbformat's notices about missing cell ids: mended below
-            nb = nbformat.reads(raw, as_version=4)
-            try:
-                nbformat.validate(nb)
-            except nbformat.ValidationError:  # small slips (a stray key, a missing field) are mended, not fatal
-                nb = nbformat.from_dict(_mend(nb))
-                nbformat.validate(nb)
-    except Exception as exc:  # nbformat raises several kinds
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return None, f"grading failed: not a valid Jupyter notebook ({first[:200]})"
-    return nb, None
-
-
-_CELL_KEYS = {"code": {"id", "cell_type", "metadata", "source", "outputs", "execution_count"},
-              "markdown": {"id", "cell_type", "metadata", "source", "attachments"},
-              "raw": {"id", "cell_type", "metadata", "source", "attachments"}}
-
-
-def _mend(nb) -> dict:
-    """A notebook dict with unknown cell keys dropped and missing required ones filled in."""
-    nb = json.loads(json.dumps(nb))
-    nb.setdefault("metadata", {})
-    for i, cell in enumerate(nb.get("cells", [])):
-        kind = cell.get("cell_type") if cell.get("cell_type") in _CELL_KEYS else "raw"
-        cell["cell_type"] = kind
-        for key in set(cell) - _CELL_KEYS[kind]:
-            del cell[key]
-        cell.setdefault("metadata", {})
-        cell.setdefault("source", "")
-        if kind == "code":
-            cell.setdefault("outputs", [])
-            cell.setdefault("execution_count", None)
-        if (nb.get("nbformat"), nb.get("nbformat_minor", 0)) >= (4, 5):
-            cell.setdefault("id", f"cell-{i}")
-    return nb
-
-
-def _unique_ids(nb) -> None:
-    seen = set()
-    for i, cell in enumerate(nb.cells):
-        if "id" in cell:
-            while cell.id in seen:
-                cell.id = f"{cell.id}-{i}"
-            seen.add(cell.id)
-
-
-def _failure_reason(result: dict, timeout: float) -> str:
-    rec = CURRENT
-    if rec.failure == "dead_kernel":
-        return (f"grading failed: the kernel died while running cell {rec.failure_cell} (the process was killed or "
-                "exited: os._exit, os.kill, a crash in native code or running out of memory); no score was recorded")
-    if rec.failure == "unresponsive":
-        return (f"grading failed: cell {rec.failure_cell} was still running after the {timeout:g} s limit and "
-                "ignored the interrupt (a loop that catches KeyboardInterrupt or ignores SIGINT?); the kernel was "
-                "stopped and no score was recorded")
-    return f"grading failed: nbgrader could not grade this notebook ({_nbgrader_error(result)[:300]})"
-
-
-def _nbgrader_error(result: dict) -> str:
-    """The exception behind a failed ``nbgrader autograde``: the last line of the first traceback in its log
-    (nbgrader logs the real one, then raises a generic ``NbGraderException``)."""
-    lines = [ln.strip() for ln in (result.get("log") or "").splitlines()]
-    lines = [ln[len("[ERROR]"):].strip() if ln.startswith("[ERROR]") else ln for ln in lines]
-    in_traceback, last = False, None
-    for line in lines:
-        if line.startswith("Traceback (most recent call last)"):
-            in_traceback, last = True, None
-        elif in_traceback and line and not line.startswith(("File ", "^", "~")) and not line.startswith("  "):
-            if ":" in line and line.split(":")[0].replace(".", "").replace("_", "").isalnum():
-                last = line
-        elif in_traceback and not line and last:
-            break
-    if last:
-        return last
-    errors = [ln for ln in lines if ("Error" in ln or "Exception" in ln) and "NbGraderException" not in ln]
-    return errors[0] if errors else "no detail in nbgrader's log"
-
-
-def _outcomes(graded, scores: dict, secret: set[str]) -> list[fb.TestOutcome]:
-    outcomes = []
-    for cell in graded.cells:
-        meta = nbgrader_meta(cell)
-        gid = meta.get("grade_id")
-        if not meta.get("grade") or gid not in scores:
-            continue
-        points, full = scores[gid]
-        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
-        message = None
-        if errors:
-            message = fb.short_message(errors[-1].get("ename", "Error"), errors[-1].get("evalue", ""), secret)
-        elif points < full:
-            message = "no points"
-        outcomes.append(fb.TestOutcome(gid, points, full, message))
-    return outcomes
-
-
-def _other_errors(graded) -> list[str]:
-    """Errors in cells that are not test cells (answer cells, the student's own cells)."""
-    found = []
-    for i, cell in enumerate(graded.cells):
-        meta = nbgrader_meta(cell)
-        if meta.get("grade") or (meta.get("locked") and not meta.get("solution")):
-            continue
-        for out in cell.get("outputs", []):
-            if out.get("output_type") == "error" and out.get("ename") != "CellTimeoutError":
-                found.append(f"{cell_label(cell, i)} ({out.get('ename')})")
-    return found
-
-
-def _one_line(text: str, limit: int = 160) -> str:
-    """The first line of ``text``; when longer than ``limit``, cut after its last whole sentence that fits, else at
-    a word, never inside one (the feedback page has the whole message)."""
-    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
-    if len(line) <= limit:
-        return line
-    head = line[:limit - 1]
-    end = max(head.rfind(". "), head.rfind(": "), head.rfind("; "))
-    if end >= limit // 3:
-        return head[:end + 1] + " …"
-    space = head.rfind(" ")
-    return (head[:space] if space > 0 else head).rstrip(",;:") + " …"
-
-
-def _compose(parts: list[str]) -> str:
-    reason = "; ".join(p for p in parts if p)
-    return reason if len(reason) <= MAX_REASON else reason[:MAX_REASON - 3] + "..."
 
 
 def run_task(index: int, task: Task) -> Result:

@@ -266,7 +266,7 @@ def test_reading_submissions(tmp_path):
     """Small slips in the notebook format are mended; files that are not notebooks get a precise reason."""
     import json
 
-    from autograder.worker import _read_submission
+    from autograder.reading import _read_submission
 
     nb = json.loads((COURSE / "notebooks" / "99_demo" / "99_demo.ipynb").read_text())
     nb["cells"][1]["stray_key"] = 1
@@ -284,7 +284,7 @@ def test_reading_submissions(tmp_path):
 
 
 def test_csv_reasons_are_cut_at_a_sentence_or_a_word():
-    from autograder.worker import _one_line
+    from autograder.reading import _one_line
 
     message = ("reduce_scatter on rank 1 returned the sum of the other ranks' chunks without this rank's own. "
                "Add your own chunk before returning, and check item i must hold rank i's chunk in every rank order.")

@@ -11,7 +11,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 import demo_submissions as demo  # noqa: E402
 
-from autograder.judge import _plain, definitions  # noqa: E402
+from autograder.judge import definitions  # noqa: E402
+from autograder.stand_ins import _plain  # noqa: E402
 
 AID = "01_collectives"
 REPO = demo.REPO

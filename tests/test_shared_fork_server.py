@@ -22,8 +22,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 OWNER = """
 import sys
-from labsupport import _pool
-print(_pool.start_shared_server(sys.argv[1]), flush=True)
+from labsupport import _forkserver
+print(_forkserver.start_shared_server(sys.argv[1]), flush=True)
 sys.stdin.read()   # until the test closes our stdin
 """
 
