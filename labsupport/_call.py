@@ -202,12 +202,17 @@ class _Call:
 
     def _timeout(self, running, workers) -> None:
         __tracebackhide__ = True
-        calls = {w.index: w.current_call() for w in running}
+        for w in running:  # each worker writes the call it is inside on its board (its reader thread does)
+            try:
+                w.conn.send_bytes(pickle.dumps(("board",)))
+            except OSError:
+                pass
         texts = self._dump_stacks(running)
+        calls = _boards(running)
         stacks: dict[int, str] = {}
         summaries: dict[int, str] = {}
         for w in running:
-            call = calls[w.index] or w.current_call()
+            call = calls[w.index]
             frames = parse_faulthandler(texts[w.index], w.main_ident)
             if frames:
                 stacks[w.index], summaries[w.index] = format_frames(frames, call)
@@ -224,3 +229,12 @@ class _Call:
         self._kill(workers)
         self.stopped = True
         raise WorkerTimeout(message, ranks, stacks, self.timeout) from None
+
+
+def _boards(running, wait: float = 1.0) -> dict[int, str]:
+    """The call each running worker wrote on its board when asked (see ``_Call._timeout``). Its reader thread has
+    normally answered while the stacks were dumped; on a busy machine, give it a moment more."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline and not all(w.board_answered() for w in running):
+        time.sleep(0.02)
+    return {w.index: w.current_call() for w in running}

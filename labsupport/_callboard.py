@@ -24,11 +24,12 @@ except ImportError:  # pragma: no cover - torch without distributed support
 #
 # A deadlock report built from the stack alone can only show the source line, ``dist.recv(t, src=1 - rank)``;
 # the student needs the values, "recv(src=1)" on rank 0 and "recv(src=0)" on rank 1, to see the cycle. So the
-# board subscribes to the tap (``labsupport.tap``): just before the outermost call of the main thread goes out, it
-# writes a short description into a small file shared with the notebook (mmap), and clears it when the call
-# returns. Writing costs a microsecond or two. A call that bypasses the torch.distributed functions (a name
-# imported before the tap was installed, a process group's method, a functional collective) is described from
-# the level where the tap saw it.
+# board subscribes to the tap (``labsupport.tap``) and keeps the outermost call of the main thread at hand (one
+# assignment per call, nothing described). Only when the notebook asks (a "board" message, which the worker's
+# reader thread handles while the main thread is blocked) is that call described and written into a small file
+# shared with the notebook (mmap). A call that bypasses the torch.distributed functions (a name imported before
+# the tap was installed, a process group's method, a functional collective) is described from the level where
+# the tap saw it.
 
 # name -> (peer argument and its position, described tensor argument and its position, position of ``op``)
 _CALLS = {
@@ -53,6 +54,7 @@ _CALLS = {
 
 _board = None  # the Board of this worker, once main() has started; only the main thread's calls are posted (it
 # is the thread a deadlock report shows), and only the outermost one (not the calls torch makes from there)
+_current = None  # that call, while the main thread is inside it (a tap.Call)
 _PENDING: dict = {}  # id(Work) -> (weak reference to the Work, what it waits for), for Work.wait()
 _DTYPES: dict = {}
 
@@ -131,43 +133,53 @@ def _comm_text(call) -> str:
     return text + {"functional": " (functional)", "pg": " (process group)", "backend": " (backend)"}[call.level]
 
 
+def describe(call) -> str:
+    """What the board shows for ``call``: 'recv(src=1) of 4 float32', 'wait() for isend(dst=1) of 2 float32'."""
+    try:
+        if call.level == "api":
+            return _describe(call.name, call.args, call.kwargs)
+        if call.level == "wait":
+            entry = _PENDING.get(id(call.target))
+            return f"wait() for {entry[1]}" if entry is not None and entry[0]() is call.target else "wait()"
+        return _comm_text(call)
+    except Exception:  # describing must never break anything
+        return call.name
+
+
+def post_current() -> None:
+    """Write the main thread's current call on the board, or clear it (the notebook asked: a deadlock report)."""
+    call = _current
+    if _board is None:
+        return
+    if call is None:
+        _board.clear()
+    else:
+        _board.post(describe(call))
+
+
 class _CallBoard:
-    """The tap's observer that keeps this worker's board up to date: the outermost call of the main thread."""
+    """The tap's observer that keeps the main thread's outermost call at hand for ``post_current``."""
 
     nested = False  # calls made inside another one never reach the board
 
-    def __init__(self, board: _Board, main_ident: int):
-        self.board = board
+    def __init__(self, main_ident: int):
         self.main_ident = main_ident
 
-    def _watched(self, call) -> bool:
-        return call.outer is None and threading.get_ident() == self.main_ident
-
     def enter(self, call) -> None:
-        if not self._watched(call):
-            return
-        try:
-            if call.level == "api":
-                what = _describe(call.name, call.args, call.kwargs)
-            elif call.level == "wait":
-                entry = _PENDING.get(id(call.target))
-                what = f"wait() for {entry[1]}" if entry is not None and entry[0]() is call.target else "wait()"
-            else:
-                what = _comm_text(call)
-        except Exception:  # describing must never break the call
-            what = call.name
-        call.memo["board"] = what
-        self.board.post(what)
+        global _current
+        if call.outer is None and threading.get_ident() == self.main_ident:
+            _current = call
 
     def exit(self, call) -> None:
-        what = call.memo.get("board") if call._memo else None
-        if what is None:
+        global _current
+        if call is not _current:
             return
-        self.board.clear()
+        _current = None
         result = call.result
-        if isinstance(result, _Work):  # async_op=True, isend, irecv
-            _remember(result, what)
+        if isinstance(result, _Work):  # async_op=True, isend, irecv: described now, for a wait() on it later
+            _remember(result, describe(call))
         elif call.name == "batch_isend_irecv" and isinstance(result, list):
+            what = describe(call)
             for work in result:
                 if isinstance(work, _Work):
                     _remember(work, what)
@@ -179,4 +191,4 @@ def install(board_file: str) -> None:
     from . import tap
 
     _board = _Board(board_file)
-    tap.subscribe(_CallBoard(_board, threading.get_ident()))
+    tap.subscribe(_CallBoard(threading.get_ident()))

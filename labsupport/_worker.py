@@ -41,6 +41,7 @@ except ImportError:  # pragma: no cover - cloudpickle is a dependency
 
 from . import tap as _tap
 from ._callboard import install as _install_call_board
+from ._callboard import post_current as _post_current_call
 
 # Set per task; read by labsupport.device() and labsupport.in_worker().
 CURRENT: dict = {}
@@ -137,6 +138,12 @@ def _reader(conn, inbox: "queue.Queue") -> None:
         msg = pickle.loads(data)
         if msg[0] == "exit":
             os._exit(0)
+        if msg[0] == "board":  # answered here: the main thread may be blocked in the very call to show
+            try:
+                _post_current_call()
+            except Exception:
+                pass
+            continue
         inbox.put(msg)
 
 

@@ -35,6 +35,7 @@ tensor that is not on this rank's GPU, with a message naming the rank and both d
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 
 from ._kinds import API_CALLS, FUNCTIONAL_KINDS, PG_KINDS, POINT_TO_POINT, describe as _describe
@@ -153,28 +154,14 @@ def current() -> Call | None:
 # the wrappers
 
 
-class _Nested:
-    """What the stack holds for a nested call that no observer looks at: enough for the calls inside it."""
-
-    __slots__ = ("level", "in_comm")
-
-    def __init__(self, level, outer):
-        self.level = level
-        self.in_comm = outer.level in COMM_LEVELS or outer.in_comm
-
-
 def _intercept(level: str, name: str, fn, args, kwargs, target=None):
     stack = getattr(_local, "stack", None)
     if stack is None:
         stack = _local.stack = []
     outer = stack[-1] if stack else None
     watching = _OBSERVERS if outer is None else _NESTED_OBSERVERS
-    if not watching:  # e.g. the process-group call inside dist.all_reduce, when only the call board listens
-        stack.append(_Nested(level, outer))
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            stack.pop()
+    if not watching:  # e.g. the process-group call inside dist.all_reduce when only the call board listens: nobody
+        return fn(*args, **kwargs)  # looks at it, nor at the calls it makes in turn (they are nested too)
     call = Call(level, name, args if target is None else args[1:], kwargs, target, outer)
     entered = []
     try:
@@ -352,8 +339,6 @@ def wrong_device_message(rank, kind, got, expected) -> str:
 
 def _nccl_device(call):
     """This rank's GPU when ``call`` goes through an NCCL process group, else ``None`` (cheap for gloo runs)."""
-    import sys
-
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_initialized():
         return None

@@ -661,6 +661,9 @@ def test_call_board_can_be_read_from_the_notebook(tmp_path):
     assert _board.read_board(str(path)).startswith("éé")
     board.clear()
     assert _board.read_board(str(path)) == ""
+    assert _board.board_answered(str(path))  # asked, and in no call: not the same as never asked
+    _board.new_board(str(path))
+    assert not _board.board_answered(str(path))
 
 
 def test_a_stack_dump_read_too_early_is_not_taken_for_whole():

@@ -105,10 +105,35 @@ def test_interrupt_stops_every_worker_and_the_next_call_works(tmp_path):
         proc.kill()
 
 
-def _read_board(tmpdir: str, rank: int) -> str:
-    from labsupport._board import read_board
+def _workers_of(pids: list[int]) -> list[int]:
+    """The labsupport workers among a kernel's descendants (multiprocessing's helpers are not blocked in a call)."""
+    import psutil
 
-    return read_board(os.path.join(tmpdir, f"board-{rank}.bin"))
+    found = []
+    for pid in pids:
+        try:
+            if "forkserver" in " ".join(psutil.Process(pid).cmdline()) and \
+                    "forkserver" in " ".join(psutil.Process(pid).parent().cmdline()):
+                found.append(pid)
+        except psutil.Error:
+            pass
+    return found
+
+
+def _wait_blocked(pids: list[int], timeout: float = 60.0) -> None:
+    """Until every process in ``pids`` has used no CPU for half a second (blocked, e.g. in a recv)."""
+    import psutil
+
+    procs = [psutil.Process(pid) for pid in pids]
+    deadline = time.monotonic() + timeout
+    before = [sum(p.cpu_times()[:2]) for p in procs]
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = [sum(p.cpu_times()[:2]) for p in procs]
+        if now == before:
+            return
+        before = now
+    raise AssertionError(f"processes {pids} still busy after {timeout:g} s")
 
 
 def test_nothing_survives_a_killed_kernel(tmp_path):
@@ -134,10 +159,7 @@ def test_nothing_survives_a_killed_kernel(tmp_path):
         pids = [int(p) for p in line.split()[1:]]
         assert len(pids) >= 4  # three workers, multiprocessing's fork server and its resource tracker
         tmpdir = proc.stdout.readline().split(None, 1)[1].strip()
-        deadline = time.monotonic() + 60
-        while not all(_read_board(tmpdir, r).startswith("recv(") for r in range(3)):  # every rank is blocked
-            assert time.monotonic() < deadline, [_read_board(tmpdir, r) for r in range(3)]
-            time.sleep(0.05)
+        _wait_blocked(_workers_of(pids))  # every rank is in its recv
         proc.kill()
         assert proc.wait(timeout=10) == -signal.SIGKILL
         assert _wait_gone(pids, timeout=5) == []
@@ -442,6 +464,12 @@ def _run_in(kc, code: str) -> str:
     return "".join(printed)
 
 
+def _listing(folder) -> list[str]:
+    """A folder's names, without torch's compile cache (``torchinductor_<user>``: made once by importing
+    torch._dynamo, shared by every later process on purpose)."""
+    return sorted(n for n in os.listdir(folder) if not n.startswith("torchinductor_"))
+
+
 def test_nothing_left_in_tmp_after_a_killed_kernel_or_a_shutdown(tmp_path):
     """multiprocessing's files (the fork server's listener) live in the pool's folder: a SIGKILLed kernel's folder
     is removed by the next kernel that starts a pool, and a kernel shut down normally leaves nothing."""
@@ -455,11 +483,11 @@ def test_nothing_left_in_tmp_after_a_killed_kernel_or_a_shutdown(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "LABSUPPORT_EARLY_START"}
     env["TMPDIR"] = str(tmp)
     use = "import os, labsupport\nassert labsupport.run(lambda: 1, world_size=2) == [1, 1]\nprint('PID', os.getpid())"
-    before = sorted(os.listdir(tmp))
+    before = _listing(tmp)
     km, kc = _kernel(tmp_path, env)
     try:
         pid = int(_run_in(kc, use).split("PID")[1])
-        during = sorted(os.listdir(tmp))
+        during = _listing(tmp)
         assert [name for name in during if name.startswith("pymp-")] == []
         assert during == [n for n in during if n.startswith(f"labsupport-{pid}-")] and len(during) == 1, during
         os.kill(pid, signal.SIGKILL)
@@ -467,20 +495,20 @@ def test_nothing_left_in_tmp_after_a_killed_kernel_or_a_shutdown(tmp_path):
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
-    assert sorted(os.listdir(tmp)) == during  # nobody could clean up...
+    assert _listing(tmp) == during  # nobody could clean up...
     km, kc = _kernel(tmp_path, env)
     try:
         pid2 = int(_run_in(kc, use).split("PID")[1])
-        after = sorted(os.listdir(tmp))
+        after = _listing(tmp)
         assert len(after) == 1 and after[0].startswith(f"labsupport-{pid2}-"), after  # ...until the next kernel did
     finally:
         kc.stop_channels()
         km.shutdown_wait_time = 60.0  # a loaded machine: give it time rather than let jupyter_client kill it
         km.shutdown_kernel(now=False)  # a normal shutdown, as when the notebook is closed
     deadline = time.monotonic() + 10
-    while sorted(os.listdir(tmp)) != before and time.monotonic() < deadline:
+    while _listing(tmp) != before and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert sorted(os.listdir(tmp)) == before
+    assert _listing(tmp) == before
     shutil.rmtree(tmp)
 
 
