@@ -54,3 +54,27 @@ def test_workers_and_a_deadlocked_worker(tmp_path):
     assert "rank 0" in text  # where each rank was stuck, from labsupport's message
     for line in demo.hidden_test_lines(demo.WORKERS):
         assert line not in text
+
+
+@pytest.mark.timeout(400)
+def test_kernels_fork_their_workers_from_the_grading_processs_server(tmp_path):
+    """The kernel that runs a submission does not start a fork server of its own: its workers are forked by the
+    one server of the grading process (``LABSUPPORT_FORK_SERVER``), whose pid the kernel sees."""
+    pytest.importorskip("labsupport")
+    nb = demo.good(demo.WORKERS)
+    cell = nb.cells[demo.index(nb, "pass_to_next")]
+    cell.source += ("\n\nimport os as _os\nfrom multiprocessing import forkserver as _fs\n"
+                    "_server = int(_os.environ['LABSUPPORT_FORK_SERVER'].split(':')[0])\n"
+                    "print('forked by the shared server:', labsupport.run(_os.getppid, world_size=2) == [_server] * 2,"
+                    " '| own server:', _fs._forkserver._forkserver_pid)\n")
+    folder = tmp_path / "subs" / "alice" / demo.WORKERS
+    folder.mkdir(parents=True)
+    import nbformat
+
+    nbformat.write(nb, folder / f"{demo.WORKERS}.ipynb")
+    out = tmp_path / "out"
+    proc = demo.cli("grade", tmp_path / "subs", "--out", out, "--course", demo.COURSE)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert demo.read_grades(out / "grades.csv")[("alice", demo.WORKERS)]["points"] == "3"
+    text = demo.html_text((out / "feedback" / "alice" / f"{demo.WORKERS}.html").read_text())
+    assert "forked by the shared server: True | own server: None" in text, text[-2000:]
