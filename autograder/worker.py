@@ -94,6 +94,7 @@ def init_worker(template: str, work_root: str, out_dir: str, cell_timeout: float
     os.environ.update(kernel_env([course_root]))
     # this process's temporary files (the kernels' connection files among them) go with the grading run's
     # directory, even when this process is killed before it can clean up; the kernels keep the usual TMPDIR
+    kernels_tmp = tempfile.gettempdir()
     tempfile.tempdir = str(root)
     course_dir = root / "course"
     shutil.copytree(template, course_dir)
@@ -110,7 +111,7 @@ def init_worker(template: str, work_root: str, out_dir: str, cell_timeout: float
     _WORKER.update(root=course_dir, api=api, out=Path(out_dir), timeout=cell_timeout,
                    releases={}, sources={}, secrets={}, running=Path(work_root) / "running",
                    course_root=course_root, judge=None, judge_logs=root.with_suffix(".judges"),
-                   unstarted=unstarted, tag=run_tag(work_root))
+                   unstarted=unstarted, tag=run_tag(work_root), kernels_tmp=kernels_tmp)
     _WORKER["judge_logs"].mkdir(exist_ok=True)
     _share_fork_server()
     if unstarted is None or unstarted.value > 0:
@@ -363,3 +364,7 @@ def _grade_notebook(task: Task, release, secret, result: Result, notes: list[str
         judge.close()
         shutil.rmtree(submitted.parent, ignore_errors=True)
         shutil.rmtree(autograded.parent, ignore_errors=True)
+        # nbgrader stops a kernel without letting it clean up: the folder its workers used goes now
+        from labsupport._pool import remove_stale_dirs
+
+        remove_stale_dirs(_WORKER["kernels_tmp"])

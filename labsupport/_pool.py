@@ -55,13 +55,14 @@ def _loopback_ifname() -> str | None:
     return None
 
 
-def _remove_stale_dirs() -> None:
-    """Remove the folders of pools whose kernel died without cleaning up (SIGKILL, the out-of-memory killer).
+def remove_stale_dirs(base: str | None = None) -> None:
+    """Remove the folders of pools whose kernel died without cleaning up (SIGKILL, the out-of-memory killer),
+    in ``base`` (default: this process's temporary folder). The grader calls it after each notebook.
 
     A pool's folder is named ``labsupport-<pid of its kernel>-<random>``: once that process is gone, nobody uses
     the folder any more. Folders of other users, and of kernels still running, are left alone.
     """
-    base = tempfile.gettempdir()
+    base = base or tempfile.gettempdir()
     try:
         names = os.listdir(base)
     except OSError:
@@ -78,6 +79,9 @@ def _remove_stale_dirs() -> None:
             continue
         if not _owner_alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
+
+
+_remove_stale_dirs = remove_stale_dirs
 
 
 def _make_tmpdir() -> str:

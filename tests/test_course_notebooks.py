@@ -211,8 +211,16 @@ def test_check_gives_the_graders_messages(tmp_path):
     folder.mkdir(parents=True)
     nbformat.write(nb, folder / f"{aid}.ipynb")
 
-    proc = demo.cli("check", folder / f"{aid}.ipynb", timeout=600)
+    import tempfile
+
+    tmp = tempfile.mkdtemp(prefix="c-", dir="/tmp")  # its own (short) temporary folder: check leaves nothing there
+    try:
+        proc = demo.cli("check", folder / f"{aid}.ipynb", timeout=600, env={"TMPDIR": tmp})
+        left = sorted(n for n in Path(tmp).iterdir() if not n.name.startswith("torchinductor_"))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert left == [], f"check left {left}"
     lines = {ln.split()[0]: ln for ln in proc.stdout.splitlines() if ln.startswith("  ") and "pts" in ln}
     names = ["broadcast", "reduce", "all_reduce", "gather", "all_gather", "scatter", "reduce_scatter", "all_to_all"]
     assert sorted(lines) == sorted(names), proc.stdout

@@ -1,7 +1,10 @@
 """Parallel grading gives the serial result, and submissions that run real workers (labsupport) are graded,
 deadlocks included."""
 
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -39,8 +42,17 @@ def test_workers_and_a_deadlocked_worker(tmp_path):
     pytest.importorskip("labsupport")
     subs = demo.write(tmp_path / "subs", {"good": "worker_good", "stuck": "worker_deadlock"})
     out = tmp_path / "out"
-    proc = demo.cli("grade", subs, "--jobs", 2, "--out", out, "--course", demo.COURSE, "--cell-timeout", 120)
+    # a temporary folder of its own (short: sockets live there), to see that grading leaves nothing in it: not the
+    # folders of the kernels nbgrader stops (their workers' boards), not the fork server's, not the judges'
+    tmp = tempfile.mkdtemp(prefix="g-", dir="/tmp")
+    try:
+        proc = demo.cli("grade", subs, "--jobs", 2, "--out", out, "--course", demo.COURSE, "--cell-timeout", 120,
+                        env={"TMPDIR": tmp})
+        left = sorted(n for n in os.listdir(tmp) if not n.startswith("torchinductor_"))  # torch's shared cache
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert left == [], f"grading left {left} in its temporary folder"
     grades = demo.read_grades(out / "grades.csv")
     # without --assignment: every course assignment somebody handed in (98 only; nobody has 99_demo here)
     assert sorted(grades) == [("good", demo.WORKERS), ("stuck", demo.WORKERS)]
