@@ -30,14 +30,6 @@ import labsupport
 VARIANTS = ("naive", "overlapped", "bucketed")
 
 
-def _make_mlp(width, depth, seed):
-    import torch
-    import torch.nn as nn
-
-    torch.manual_seed(seed)
-    return nn.Sequential(*[layer for _ in range(depth) for layer in (nn.Linear(width, width), nn.ReLU())])
-
-
 def _wrap(variant, model, cap_mb):
     """(call the model, finish the gradient synchronisation) for one variant."""
     import torch
@@ -95,34 +87,15 @@ def _wrap(variant, model, cap_mb):
 
 
 def _run(order, steps, width, depth, cap_mb, batch=64):
-    """On every rank: each variant in ``order`` for ``steps`` steps; per variant, per step (hidden, seconds)."""
-    import torch
-    import torch.distributed as dist
+    """On every rank: each variant in ``order`` for ``steps`` steps, recorded as notebook 03 records them
+    (``record_steps``: a barrier, then forward, backward, the wait and the step in one ``Timeline``); per variant,
+    per step (hidden, seconds), without the first step (a warm-up)."""
+    from labsupport.lessons.data_parallel import record_steps
 
-    from labsupport import Timeline
-
-    rank = dist.get_rank()
     out = {}
     for variant in order:
-        model, finish = _wrap(variant, _make_mlp(width, depth, seed=rank), cap_mb)
-        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-        x = torch.randn(batch, width)
-        rows = []
-        for _ in range(steps + 1):
-            dist.barrier()
-            tl = Timeline()
-            with tl.collectives():
-                with tl.span("forward"):
-                    loss = model(x).pow(2).mean()
-                with tl.span("backward"):
-                    loss.backward()
-                with tl.span("sync", kind="wait"):
-                    finish()
-                with tl.span("step"):
-                    opt.step()
-                    opt.zero_grad()
-            rows.append((Timeline.hidden_fraction(tl.events), tl.now()))
-        out[variant] = rows[1:]
+        rows = record_steps(lambda model: _wrap(variant, model, cap_mb), steps + 1, batch, width, depth)
+        out[variant] = [(r["hidden"], r["seconds"]) for r in rows[1:]]
     return out
 
 

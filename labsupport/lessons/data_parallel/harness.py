@@ -103,11 +103,11 @@ def make_mlp(width: int = 512, depth: int = 8, seed: int = 0) -> nn.Sequential:
     return nn.Sequential(*[layer for _ in range(depth) for layer in (nn.Linear(width, width), nn.ReLU())])
 
 
-def record_steps(wrap, steps: int, batch: int = 64, width: int = 512) -> list:
-    """On every rank: ``steps`` training steps of ``make_mlp(width)`` wrapped by ``wrap(model)``; per step a dict
-    with the ``Timeline`` events, the step's seconds and the fraction of communication hidden behind compute."""
+def record_steps(wrap, steps: int, batch: int = 64, width: int = 512, depth: int = 8) -> list:
+    """On every rank: ``steps`` training steps of ``make_mlp(width, depth)`` wrapped by ``wrap(model)``; per step a
+    dict with the ``Timeline`` events, the step's seconds and the fraction of communication hidden behind compute."""
     rank = dist.get_rank()
-    model = make_mlp(width, seed=rank)
+    model = make_mlp(width, depth, seed=rank)
     wrapped, finish = wrap(model)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(100 + rank)
