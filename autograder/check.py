@@ -107,9 +107,6 @@ class _SharedServer:
         _forkserver._stop_forkserver()
         _forkserver._forget_mp_tempdir(self.folder)
         shutil.rmtree(self.folder, ignore_errors=True)
-        from labsupport._pool import remove_stale_dirs
-
-        remove_stale_dirs()  # the folder of the kernel's workers (the kernel was stopped without cleaning up)
         if self.saved is None:
             os.environ.pop(_forkserver.SHARED_SERVER_ENV, None)
         else:

@@ -221,7 +221,19 @@ def run_notebook(nb, cwd: Path, timeout: float, env: dict | None = None, progres
     except Exception as exc:
         if record.failure is None:
             record.failure, record.failure_cell = "error", f"{type(exc).__name__}: {exc}"
+    finally:
+        _remove_kernel_leftovers(env)
     return record
+
+
+def _remove_kernel_leftovers(env: dict | None) -> None:
+    """nbclient stops the kernel without letting it clean up: the folder its workers used goes now."""
+    import tempfile
+
+    from labsupport._pool import remove_stale_dirs
+
+    base = (env or {}).get("TMPDIR") or os.environ.get("TMPDIR") or tempfile.gettempdir()
+    remove_stale_dirs(base)
 
 
 def has_visible_code(source: str) -> bool:

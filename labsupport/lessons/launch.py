@@ -113,7 +113,7 @@ def plot_rank_layout(nnodes: int, nproc_per_node: int, master_addr: str = "10.0.
 
 #: The script every torchrun worker runs: ``labsupport.run`` under torchrun just calls the function in place.
 TORCHRUN_SCRIPT = """
-import json, os
+import json, os, sys
 import labsupport
 
 def show_env():
@@ -122,7 +122,10 @@ def show_env():
 
 if __name__ == "__main__":
     (env,) = labsupport.run(show_env)    # under torchrun: calls show_env() right here
-    print("ENV " + json.dumps(env), flush=True)
+    # one write for the whole line: the workers share the agent's stdout, and with unbuffered output print()
+    # would write the text and its newline separately, so two workers' lines could interleave
+    sys.stdout.write("ENV " + json.dumps(env) + "\\n")
+    sys.stdout.flush()
 """
 
 
