@@ -81,11 +81,8 @@ def remove_stale_dirs(base: str | None = None) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-_remove_stale_dirs = remove_stale_dirs
-
-
 def _make_tmpdir() -> str:
-    _remove_stale_dirs()
+    remove_stale_dirs()
     return tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-")
 
 

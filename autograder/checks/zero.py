@@ -31,7 +31,7 @@ import random
 import torch
 import torch.nn as nn
 
-from ._common import PROBE_TIMEOUT, draw_seed, run_on_workers, short, tolerance
+from ._common import PROBE_TIMEOUT, call_student, draw_seed, run_on_workers, short, tolerance
 
 __all__ = ["check_model_state_bytes", "check_ShardedOptimizer", "check_Zero2Optimizer", "ZeroProbeNet",
            "reference_model_state_bytes"]
@@ -183,17 +183,6 @@ def _stop_if_any(failure):
     return False
 
 
-def _student(what, fn, *args, **kwargs):
-    """Call the student's code; an exception ends this rank at once (the launcher then stops the others, so a rank
-    left waiting inside a collective cannot turn it into a deadlock)."""
-    try:
-        return fn(*args, **kwargs)
-    except (NotImplementedError, AssertionError):
-        raise
-    except Exception as exc:
-        raise AssertionError(f"{what} raised {type(exc).__name__}: {exc}") from None
-
-
 def _state_elements(opts) -> int:
     """Elements of per-parameter state tensors (0-dim step counters left out)."""
     return sum(v.numel() for o in opts for s in o.state.values() for v in s.values()
@@ -290,16 +279,16 @@ def _probe(cls, cls_name, zero2, seed):
         pad = world * len(trainable)  # room for padding, up to one partial row per parameter
         oracle_opt = optimizer_cls(oracle.parameters(), **kwargs)
         setup = f"{cls_name}(model.parameters(), torch.optim.{opt_name}, **{kwargs}) on {world} ranks (seed {seed})"
-        opt = _student(f"{cls_name}(...) with torch.optim.{opt_name}", cls, model.parameters(), optimizer_cls,
+        opt = call_student(f"{cls_name}(...) with torch.optim.{opt_name}", cls, model.parameters(), optimizer_cls,
                        **kwargs)
         volumes = []
         for step in range(STEPS):
             x, y = X[step].chunk(world)[rank], Y[step].chunk(world)[rank]
-            _student(f"{cls_name}.zero_grad()", opt.zero_grad)
+            call_student(f"{cls_name}.zero_grad()", opt.zero_grad)
             left = [names[id(p)] for p in model.parameters() if p.grad is not None and p.grad.abs().sum() > 0]
             _loss(model, x, y).backward()
             with CommCounter() as cc:
-                _student(f"{cls_name}.step() (step {step})", opt.step)
+                call_student(f"{cls_name}.step() (step {step})", opt.step)
             oracle_opt.zero_grad()
             _loss(oracle, X[step], Y[step]).backward()
             oracle_opt.step()
