@@ -79,40 +79,6 @@ def hidden_tests(path: Path, course_root=None) -> Hidden | None:
     return Hidden(course.root, nbformat.read(source, as_version=4), nbformat.read(release, as_version=4))
 
 
-class _SharedServer:
-    """One fork server for the check's kernel and judge (each would start its own), in a folder removed after."""
-
-    def __enter__(self):
-        import os
-        import tempfile
-
-        from labsupport import _forkserver
-
-        from .judge import judge_tmp
-
-        self.folder = tempfile.mkdtemp(prefix="check-", dir=judge_tmp())
-        self.saved = os.environ.get(_forkserver.SHARED_SERVER_ENV)
-        try:
-            os.environ[_forkserver.SHARED_SERVER_ENV] = _forkserver.start_shared_server(self.folder)
-        except Exception:
-            os.environ.pop(_forkserver.SHARED_SERVER_ENV, None)
-        return self
-
-    def __exit__(self, *exc):
-        import os
-        import shutil
-
-        from labsupport import _forkserver
-
-        _forkserver._stop_forkserver()
-        _forkserver._forget_mp_tempdir(self.folder)
-        shutil.rmtree(self.folder, ignore_errors=True)
-        if self.saved is None:
-            os.environ.pop(_forkserver.SHARED_SERVER_ENV, None)
-        else:
-            os.environ[_forkserver.SHARED_SERVER_ENV] = self.saved
-
-
 def _judge(nb, hidden: Hidden, timeout: float, log_dir: Path):
     """Start the grader's judge on this notebook's definitions (it runs while the kernel does)."""
     from .judge import Judge, judge_spec
@@ -162,7 +128,9 @@ def check(path, timeout: float = CELL_TIMEOUT, stream=None, course_root=None) ->
           + " (this runs every cell; it can take a minute)...", file=stream, flush=True)
     folder = path.resolve().parent
     verdicts = None
-    with _SharedServer(), tempfile.TemporaryDirectory(prefix="check-logs-") as logs:
+    from .judge import SharedServer
+
+    with SharedServer("check-"), tempfile.TemporaryDirectory(prefix="check-logs-") as logs:
         judge = _judge(nb, hidden, timeout, Path(logs)) if hidden else None
         try:
             progress = Progress(len(nb.cells), "running", plain=False)

@@ -5,9 +5,9 @@ Flow:
 1. ``discover`` finds ``STUDENT/ASSIGNMENT/ASSIGNMENT.ipynb`` for every student and assignment; a missing or
    renamed notebook becomes a ``failed`` row right away, with what was found instead.
 2. ``build_course_dir`` makes a template nbgrader course (release + gradebook) in a temporary directory.
-3. ``--jobs N`` worker processes each start one fork server for the kernels and judges they start (each would
-   otherwise import torch into a server of its own), copy the template into their own course directory and
-   gradebook and take submissions one at a time: parse, compare with the release (``tamper.repair``), screen the student's cells
+3. One fork server, started before the template (``judge.SharedServer``), serves every kernel and judge of the
+   run: each would otherwise import torch into a server of its own. ``--jobs N`` worker processes copy the
+   template into their own course directory and gradebook and take submissions one at a time: parse, compare with the release (``tamper.repair``), screen the student's cells
    (``screen``: flags for review), hand the student's cells to a judge process (``judge.py``, started by the
    grader, never by the kernel), ``nbgrader autograde`` through the Python API with our guarded ``Execute``
    preprocessor while the judge works, take the points from the judge (a test where the kernel's run and the
@@ -37,7 +37,7 @@ from .course import RELEASE, Course, CourseError, build_course_dir, scratch_data
 from .feedback import Summary, render
 from .nbgrader_config import CELL_TIMEOUT
 from .progress import Progress
-from .judge import remove_leftovers
+from .judge import SharedServer, remove_leftovers
 from .worker import CSV_COLUMNS, Result, Task, init_worker, max_points, run_tag, run_task
 
 __all__ = ["CSV_COLUMNS", "Progress", "Result", "Task", "discover", "grade", "merge_gradebook", "summary_table",
@@ -261,7 +261,8 @@ def grade(submissions, course: Course, assignment: str | None = None, jobs: int 
         (out / "feedback" / t.student / f"{t.assignment}.html").unlink(missing_ok=True)
         (out / "logs" / t.student / f"{t.assignment}.log").unlink(missing_ok=True)
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="autograder-grade-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="autograder-grade-") as tmp, \
+            SharedServer(f"judge-{run_tag(tmp)}-fork-"):  # it imports torch while the template is built
         scratch_databases(tmp)
         template = build_course_dir(course, assignments, Path(tmp) / "template")
         phases = {"template": time.monotonic() - started}

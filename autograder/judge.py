@@ -4,9 +4,11 @@ The kernel runs a submission top to bottom (for the feedback page), so anything 
 (patch a check, hook IPython, rebind ``torch.distributed``) happens in the process that runs the hidden tests there.
 The points therefore come from here instead:
 
-* The grader starts ``python -m autograder.judge`` itself (the kernel never learns of it) and writes, on the
-  judge's stdin, the instructor's set-up cells and hidden-test cells (from ``solutions/``), the submission's
-  student-written cells (read by the grader from the notebook file before any kernel started) and a nonce.
+* The grader starts the judge itself (the kernel never learns of it): forked from the grading run's shared fork
+  server, which has torch and IPython imported and never runs a submission's code, or else as
+  ``python -m autograder.judging``. On a pipe only the grader holds, it sends the instructor's set-up cells and
+  hidden-test cells (from ``solutions/``), the submission's student-written cells (read by the grader from the
+  notebook file before any kernel started) and a nonce.
 * The judge runs the set-up cells in a plain IPython shell, then only the *definitions* of the student's cells:
   imports, ``def``, ``class`` and assignments of simple values. Everything that would run at definition time is
   restricted (``definitions``): decorators, default values, annotations, class bodies and assigned values may only
@@ -17,17 +19,16 @@ The points therefore come from here instead:
   whose methods would run here); inside a worker it calls the function directly. So a check's own code, in this
   process, never executes a line the student wrote.
 * It runs each exercise's hidden-test cell from ``solutions/`` and reports per test passed/failed with the message,
-  as one line ``nonce + JSON`` on a copy of its original stdout; while student code may run, fd 1 and 2 go to a
-  log, and the nonce lives only in this process's memory.
+  as one line ``nonce + JSON`` on a pipe to the grader (a copy of its original stdout when started as a
+  command); while student code may run, fd 1 and 2 go to a log, and the nonce lives only in this process's
+  memory.
 
 The grader compares the judge's verdicts with the kernel's and flags a submission where they differ.
 """
 
 from __future__ import annotations
 
-import ast
 import json
-import linecache
 import os
 import secrets
 import subprocess
@@ -36,7 +37,6 @@ import time
 from pathlib import Path
 
 from .definitions import BLOCKED_IMPORTS, SAFE_BUILTINS, SAFE_MODULES, definitions  # noqa: F401
-from .stand_ins import STUDENT_FILE, _Guard, _stand_in
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -66,16 +66,37 @@ def remove_leftovers(tag: str) -> None:
     import glob
     import shutil
 
-    base = judge_tmp()
     import tempfile
 
-    for path in glob.glob(os.path.join(base or tempfile.gettempdir(), f"judge-{tag}-*")):
-        shutil.rmtree(path, ignore_errors=True)
+    for base in {judge_tmp() or tempfile.gettempdir(), _SHORT_TMP or tempfile.gettempdir()}:
+        for path in glob.glob(os.path.join(base, f"judge-{tag}-*")):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+#: what a fork server shared by a grading run imports for the judges forked from it (see ``Judge``)
+JUDGE_PRELOAD = ("IPython.core.interactiveshell", "autograder.judging")
+
+
+def _fork_context():
+    """labsupport's multiprocessing context when ``LABSUPPORT_FORK_SERVER`` names a running server, else None."""
+    try:
+        from labsupport import _forkserver
+    except ImportError:
+        return None
+    if _forkserver._shared_server() is None:
+        return None
+    return _forkserver._mp_context()
 
 
 class Judge:
-    """One judge process, started ahead of time (it imports IPython and starts labsupport's fork server while it
-    waits for a submission). ``start`` gives it the submission, ``result`` waits for its verdicts."""
+    """One judge process, started ahead of time (it waits for a submission). ``start`` gives it the submission,
+    ``result`` waits for its verdicts.
+
+    Where a grading run shares a fork server (``LABSUPPORT_FORK_SERVER``), the judge is forked from it: torch and
+    IPython are already imported there, which saves the two seconds of CPU a new Python spends importing them.
+    Otherwise it is ``python -m autograder.judging``. Either way it runs in a session of its own, in a folder of its
+    own, with its output going to ``log_dir``, and talks to this process only.
+    """
 
     def __init__(self, course_root: str, log_dir: Path, tag: str = ""):
         import tempfile
@@ -84,16 +105,62 @@ class Judge:
         # run removes what a killed grading process leaves (``remove_leftovers``)
         self.cwd = Path(tempfile.mkdtemp(prefix=f"judge-{tag}-", dir=judge_tmp()))
         self.log_path = Path(log_dir) / f"judge-{os.getpid()}-{time.monotonic_ns()}.log"
-        self.log = open(self.log_path, "wb")
         self.nonce = secrets.token_hex(16)
         env = judge_env(course_root)
         (self.cwd / "t").mkdir()
         env["TMPDIR"] = str(self.cwd / "t")  # its temporary files go when it is closed, even after a SIGKILL
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "autograder.judge"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=self.log, cwd=self.cwd, env=env, start_new_session=True)
         self.started = None
         self.spec_sent: dict = {}
+        self.proc = self._spec = self._report = self._alive = None
+        self.log = None
+        self._closed = False
+        ctx = _fork_context()
+        if ctx is not None:
+            try:
+                self._fork(ctx, env)
+            except Exception:  # the shared server is gone or refused: a judge of the usual kind
+                self.proc = None
+        if self.proc is None:
+            self.log = open(self.log_path, "wb")
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "autograder.judging"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=self.log, cwd=self.cwd, env=env, start_new_session=True)
+
+    @property
+    def forked(self) -> bool:
+        return self._report is not None
+
+    def _fork(self, ctx, env: dict) -> None:
+        from labsupport._forkserver import _NoMainImport
+
+        from .judging import serve
+
+        spec_r, spec_w = ctx.Pipe(duplex=False)
+        report_r, report_w = ctx.Pipe(duplex=False)
+        alive_r, alive_w = ctx.Pipe(duplex=False)   # the judge's "is my grader still there" (see judging.serve)
+        proc = ctx.Process(target=serve, name="judge", args=(spec_r, report_w, alive_r, str(self.cwd), env,
+                                                             str(self.log_path)))
+        try:
+            with _NoMainImport():
+                proc.start()
+        except BaseException:
+            for end in (spec_w, report_r, alive_w):
+                end.close()
+            raise
+        finally:
+            for end in (spec_r, report_w, alive_r):
+                end.close()
+        self.proc, self._spec, self._report, self._alive = proc, spec_w, report_r, alive_w
+
+    def alive(self) -> bool:
+        if self._closed:
+            return False
+        if self.forked:
+            return self.proc.is_alive()
+        return self.proc.poll() is None
+
+    def exit_status(self):
+        return self.proc.exitcode if self.forked else self.proc.returncode
 
     def start(self, spec: dict) -> None:
         import shutil
@@ -103,23 +170,48 @@ class Judge:
             if src.is_file():
                 shutil.copyfile(src, self.cwd / src.name)
         self.spec_sent = dict(spec)
-        spec = dict(spec, nonce=self.nonce)
+        data = json.dumps(dict(spec, nonce=self.nonce)).encode()
         self.started = time.monotonic()
+        if self.forked:
+            try:
+                self._spec.send_bytes(data)
+            except OSError:
+                pass
+            self._spec.close()
+            return
         try:
-            self.proc.stdin.write(json.dumps(spec).encode())
+            self.proc.stdin.write(data)
             self.proc.stdin.close()
         except OSError:
             pass
         self.proc.stdin = None  # closed: communicate() must not flush it
 
+    def _read(self, timeout: float) -> bytes | None:
+        """Everything the judge reported (None when it did not finish within ``timeout``)."""
+        if not self.forked:
+            try:
+                out, _ = self.proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                return None
+            return out
+        try:
+            if not self._report.poll(timeout):
+                return None
+            out = self._report.recv_bytes()
+        except (EOFError, OSError):
+            out = b""
+        self.proc.join(5)
+        return out
+
     def result(self, timeout: float) -> dict:
         """The judge's report: {"tests": {grade_id: {"passed", "message"}}, "skipped": [...], ...}, or
         {"error": why} when it did not report in time or its report is not valid."""
         try:
-            out, _ = self.proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return {"error": f"the judge did not finish within {timeout:g} s"}
+            out = self._read(timeout)
+            if out is None:
+                self.kill()
+                return {"error": f"the judge did not finish within {timeout:g} s"}
+            status = self.exit_status()
         finally:
             self.close()
         for line in out.decode(errors="replace").splitlines():
@@ -129,7 +221,7 @@ class Judge:
                 except ValueError:
                     break
         tail = self.log_path.read_text(errors="replace").strip().splitlines()[-3:] if self.log_path.exists() else []
-        return {"error": f"the judge gave no report (exit status {self.proc.returncode}"
+        return {"error": f"the judge gave no report (exit status {status}"
                          + (f"; its log ends: {' | '.join(tail)[:300]}" if tail else "") + ")"}
 
     def kill(self) -> None:
@@ -139,18 +231,84 @@ class Judge:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        self.proc.wait()
+        if self.forked:
+            self.proc.join(10)
+        else:
+            self.proc.wait()
 
     def close(self) -> None:
         import shutil
 
-        if self.proc.poll() is None:
+        if self._closed:
+            return
+        if self.alive():
             self.kill()
-        try:
-            self.log.close()
-        except OSError:
-            pass
+        for handle in (self.log, self._spec, self._report, self._alive):
+            try:
+                if handle is not None:
+                    handle.close()
+            except OSError:
+                pass
+        if self.forked:
+            try:
+                self.proc.close()  # its pipe from the fork server
+            except ValueError:  # still running after SIGKILL and 10 s: left to the garbage collector
+                pass
+        self._closed = True
         shutil.rmtree(self.cwd, ignore_errors=True)
+
+
+class SharedServer:
+    """A fork server for the kernels and judges started by this process and the processes it forks
+    (``LABSUPPORT_FORK_SERVER``), in a folder of its own, stopped and removed on exit; judges are forked from it.
+
+    Each kernel and judge would otherwise start a server of its own, which imports torch and torch._dynamo:
+    about 3 s of CPU each. The server never runs a submission's code (a worker forked from it gets its task from
+    the kernel or the judge that asked for it, and a judge gets its submission from the grader). When it cannot
+    start, everyone starts a server of their own, as before.
+    """
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+
+    def __enter__(self):
+        import tempfile
+
+        from labsupport import _forkserver
+
+        base = judge_tmp() or tempfile.gettempdir()
+        if len(os.fsencode(os.path.join(base, self.prefix + "12345678", "listener-12345678"))) >= 104:
+            base = _SHORT_TMP or base  # a Unix socket's path must be short
+        self.folder = tempfile.mkdtemp(prefix=self.prefix, dir=base)
+        self.saved = os.environ.pop(_forkserver.SHARED_SERVER_ENV, None)  # not one inherited from our caller
+        # the server's own temporary files (torch's compile cache, whose path the processes forked from it keep)
+        # go with its folder
+        tmpdir, saved_tmpdir = os.path.join(self.folder, "t"), os.environ.get("TMPDIR")
+        os.mkdir(tmpdir)
+        os.environ["TMPDIR"] = tmpdir
+        try:
+            os.environ[_forkserver.SHARED_SERVER_ENV] = _forkserver.start_shared_server(self.folder, JUDGE_PRELOAD)
+        except Exception:
+            os.environ.pop(_forkserver.SHARED_SERVER_ENV, None)
+        finally:
+            if saved_tmpdir is None:
+                os.environ.pop("TMPDIR", None)
+            else:
+                os.environ["TMPDIR"] = saved_tmpdir
+        return self
+
+    def __exit__(self, *exc):
+        import shutil
+
+        from labsupport import _forkserver
+
+        _forkserver._stop_forkserver()
+        _forkserver._forget_mp_tempdir(self.folder)
+        shutil.rmtree(self.folder, ignore_errors=True)
+        if self.saved is None:
+            os.environ.pop(_forkserver.SHARED_SERVER_ENV, None)
+        else:
+            os.environ[_forkserver.SHARED_SERVER_ENV] = self.saved
 
 
 def judge_spec(repaired, source_nb, release_nb, cell_timeout: float) -> dict:
@@ -189,122 +347,3 @@ def verdicts_to_points(report: dict, max_points: dict[str, float]) -> dict[str, 
         else:
             out[gid] = (0.0, verdict.get("message") or "failed")
     return out
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# the judge's side
-
-
-def _message(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _follow_parent() -> None:
-    """End this judge, its fork server and its workers (its own process group) when the grading process that
-    started it is gone (killed by a submission, or interrupted)."""
-    import signal
-    import threading
-
-    parent = os.getppid()
-
-    def watch():
-        while True:
-            time.sleep(0.5)
-            if os.getppid() != parent:
-                os.killpg(0, signal.SIGKILL)
-
-    threading.Thread(target=watch, daemon=True, name="judge-follows-parent").start()
-
-
-def main() -> int:
-    """Read a spec from stdin, judge, write ``nonce + JSON`` on the saved stdout (see the module docstring)."""
-    _follow_parent()
-    report_fd = os.dup(1)
-    os.dup2(2, 1)                                   # anything printed from here on goes to the log
-    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
-    from IPython.core.interactiveshell import InteractiveShell
-
-    try:
-        import labsupport  # noqa: F401  (starts its fork server early: LABSUPPORT_EARLY_START=1)
-    except ImportError:
-        labsupport = None
-    shell = InteractiveShell.instance(colors="NoColor")
-    shell.enable_gui = lambda gui=None: None   # %matplotlib inline without a kernel: nothing to hook
-    try:
-        import torch  # noqa: F401  (while waiting for the submission)
-    except ImportError:
-        pass
-    try:
-        spec = json.loads(sys.stdin.buffer.read().decode())
-        nonce = spec.pop("nonce")
-    except (ValueError, KeyError, AttributeError):  # the grader closed the pipe: this spare is not needed
-        if labsupport is not None:
-            labsupport.shutdown()
-        os._exit(3)
-    started = time.monotonic()
-    report = {"tests": {}, "skipped": [], "setup_errors": [], "seconds": 0.0}
-
-    def run(source: str):
-        result = shell.run_cell(source, silent=True, store_history=False)
-        return result.error_before_exec or result.error_in_exec
-
-    for source in spec["setup"]:
-        err = run(source)
-        if err is not None:
-            report["setup_errors"].append(_message(err))
-    modules: dict[str, str] = {}
-    from .screen import _imports, python_source
-
-    for source in spec["setup"]:
-        try:
-            modules.update(_imports(ast.parse(python_source(source))))
-        except (SyntaxError, ValueError):
-            pass
-    defined: set[str] = set()
-    for cell in spec["student"]:
-        code, skipped = definitions(cell["source"], modules)
-        report["skipped"] += [f"{cell['label']}: {s}" for s in skipped]
-        if not code.strip():
-            continue
-        try:
-            tree = ast.parse(code)
-            for stmt in tree.body:
-                if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    defined.add(stmt.name)
-                elif isinstance(stmt, (ast.ClassDef, ast.Assign)):
-                    defined.discard(getattr(stmt, "name", None))
-            filename = f"{STUDENT_FILE}{cell['label']}>"
-            linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
-            exec(compile(tree, filename, "exec"), shell.user_ns)  # definitions only (see above)
-        except BaseException as exc:  # noqa: BLE001
-            report["skipped"].append(f"{cell['label']}: its definitions raised {_message(exc)}")
-    if labsupport is not None:
-        for name in defined:
-            fn = shell.user_ns.get(name)
-            if callable(fn) and getattr(fn, "__module__", None) == shell.user_ns.get("__name__"):
-                shell.user_ns[name] = _stand_in(fn, float(spec.get("timeout", 60)))
-    report["in_process"] = []
-    guard = _Guard(report["in_process"])
-    for test in spec["tests"]:
-        sys.settrace(guard)
-        try:
-            err = run(test["source"])
-        finally:
-            sys.settrace(None)
-        report["tests"][test["grade_id"]] = {"passed": err is None,
-                                             "message": None if err is None else _message(err)[:1000]}
-    report["seconds"] = round(time.monotonic() - started, 2)
-    try:
-        if labsupport is not None:
-            labsupport.shutdown()
-    except Exception:
-        pass
-    os.write(report_fd, (nonce + json.dumps(report) + "\n").encode())
-    os.close(report_fd)
-    sys.stdout.flush()
-    os._exit(0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -113,7 +113,10 @@ def init_worker(template: str, work_root: str, out_dir: str, cell_timeout: float
                    course_root=course_root, judge=None, judge_logs=root.with_suffix(".judges"),
                    unstarted=unstarted, tag=run_tag(work_root), kernels_tmp=kernels_tmp)
     _WORKER["judge_logs"].mkdir(exist_ok=True)
-    _share_fork_server()
+    # the grading run's fork server (``judge.SharedServer``, started by the parent) is shared, not this process's
+    from labsupport._forkserver import forget_inherited_server
+
+    forget_inherited_server()
     if unstarted is None or unstarted.value > 0:
         _spare_judge()
     # a grader worker ends with os._exit: multiprocessing's finalizers still run, atexit handlers do not
@@ -126,32 +129,6 @@ def _close_spare():
     judge = _WORKER.get("judge")
     if judge is not None:
         judge.close()
-    if _WORKER.get("fork_folder"):
-        from labsupport._forkserver import _stop_forkserver
-
-        _stop_forkserver()
-        shutil.rmtree(_WORKER["fork_folder"], ignore_errors=True)
-
-
-def _share_fork_server() -> None:
-    """Start one fork server for every kernel and judge of this grading process (``LABSUPPORT_FORK_SERVER``).
-
-    Each of them would otherwise start a server of its own, which imports torch and torch._dynamo: about 3 s of
-    CPU twice per notebook. The server never runs a submission's code (a worker forked from it gets its task from
-    the kernel or the judge that asked for it) and stops when this process ends; its socket lives in a folder that
-    ``remove_leftovers`` finds.
-    """
-    from labsupport import _forkserver
-
-    from .judge import judge_tmp
-
-    os.environ.pop(_forkserver.SHARED_SERVER_ENV, None)  # not one inherited from whoever started the grader
-    folder = tempfile.mkdtemp(prefix=f"judge-{_WORKER['tag']}-fork-", dir=judge_tmp())
-    _WORKER["fork_folder"] = folder
-    try:
-        os.environ[_forkserver.SHARED_SERVER_ENV] = _forkserver.start_shared_server(folder)
-    except Exception:  # grading goes on; each kernel and judge starts a server of its own
-        pass
 
 
 def run_tag(work_root: str) -> str:
@@ -173,7 +150,7 @@ def _take_judge():
     from .judge import Judge
 
     judge, _WORKER["judge"] = _WORKER.get("judge"), None
-    if judge is None or judge.proc.poll() is not None:
+    if judge is None or not judge.alive():
         judge = Judge(_WORKER["course_root"], _WORKER["judge_logs"], _WORKER["tag"])
     unstarted = _WORKER.get("unstarted")
     if unstarted is None or unstarted.value > 0:

@@ -112,11 +112,30 @@ def _adopt_shared_server() -> None:
         server._labsupport_shared = True
 
 
-def start_shared_server(folder: str) -> str:
+def forget_inherited_server() -> None:
+    """In a process made by a plain fork of a shared server's owner: treat the server as shared, not as its own.
+
+    multiprocessing copied the owner's record of the server, so it would take the server for its own child (and
+    fail waiting for it). Forgetting that record makes ``_mp_context`` adopt the server through
+    ``LABSUPPORT_FORK_SERVER``, as a kernel does. The copy of the owner's "alive" pipe stays open: the server runs
+    as long as this process does.
+    """
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    if server._forkserver_pid is not None:
+        server._forkserver_pid = None
+        server._forkserver_address = None
+        server._forkserver_alive_fd = None
+
+
+def start_shared_server(folder: str, extra_preload=()) -> str:
     """Start a fork server in this process for others to share; returns the ``LABSUPPORT_FORK_SERVER`` value.
 
-    It preloads torch._dynamo too (every kernel and judge that uses it may need it), keeps its listener socket in
-    ``folder``, and stops when this process ends or calls ``shutdown``.
+    It preloads torch._dynamo too (every kernel and judge that uses it may need it) and the modules named in
+    ``extra_preload`` (what the processes forked from it besides workers import), keeps its listener socket in
+    ``folder``, and stops when this process (and every process forked from it since) ends, or calls
+    ``_stop_forkserver``.
     """
     from multiprocessing import forkserver, process
 
@@ -125,7 +144,7 @@ def start_shared_server(folder: str) -> str:
     os.environ["LABSUPPORT_PRELOAD_DYNAMO"] = "1"
     try:
         with _NoMainImport():
-            _mp_context()
+            _mp_context().set_forkserver_preload(_preload() + list(extra_preload))
             server = forkserver._forkserver
             server.ensure_running()
     finally:
@@ -173,21 +192,41 @@ class _NoMainImport:
         self._spawn.get_preparation_data = self._orig
 
 
-def _stop_forkserver() -> None:
+def _stop_forkserver(wait: float = 5.0) -> None:
     """Stop multiprocessing's fork server (it holds a copy of torch in memory) and its resource tracker.
 
-    Both restart by themselves when needed.
+    Both restart by themselves when needed. The server ends once every process holding its "alive" pipe has
+    closed it, and a process forked from it keeps the copy it was given; one that is still running after ``wait``
+    seconds would make this wait forever, so the server is killed then.
     """
     try:
+        import threading
         from multiprocessing import forkserver, resource_tracker
 
         server = forkserver._forkserver
-        if getattr(server, "_forkserver_pid", None) is not None and hasattr(server, "_stop"):
-            server._stop()
+        pid = getattr(server, "_forkserver_pid", None)
+        if pid is not None and hasattr(server, "_stop"):
+            # the server is our child and not reaped before _stop returns: its pid cannot be another process's
+            timer = threading.Timer(wait, _kill_quietly, (pid,))
+            timer.daemon = True
+            timer.start()
+            try:
+                server._stop()
+            finally:
+                timer.cancel()
         tracker = resource_tracker._resource_tracker
         if getattr(tracker, "_pid", None) is not None and hasattr(tracker, "_stop"):
             tracker._stop()
     except Exception:
+        pass
+
+
+def _kill_quietly(pid: int) -> None:
+    import signal
+
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
         pass
 
 

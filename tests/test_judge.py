@@ -199,10 +199,29 @@ def test_judge_passes_every_solution(path, tmp_path):
     assert len(report["tests"]) == len(graded)
 
 
-def test_student_code_never_runs_in_the_judges_process(tmp_path):
+@pytest.fixture
+def shared_server():
+    """A fork server shared as the grader shares one (``judge.SharedServer``); yields its pid."""
+    import os
+
+    from autograder.judge import SharedServer
+
+    with SharedServer("judge-test-fork-"):
+        yield int(os.environ["LABSUPPORT_FORK_SERVER"].split(":")[0])
+
+
+@pytest.fixture(params=["forked", "command"])
+def how(request):
+    """How the judge is started: forked from a shared fork server (a grading run) or as a new Python."""
+    if request.param == "forked":
+        request.getfixturevalue("shared_server")
+    return request.param
+
+
+def test_student_code_never_runs_in_the_judges_process(tmp_path, how):
     """A check that would call a student's method in the judge's process (here: a hidden test comparing with the
     student's object, whose ``__eq__`` always says yes) is stopped there; a student function called from the test
-    runs on a worker and only plain data comes back."""
+    runs on a worker and only plain data comes back. The same for a judge forked from the shared server."""
     from autograder.judge import Judge
 
     student = [{"label": "answer", "source": (
@@ -217,6 +236,7 @@ def test_student_code_never_runs_in_the_judges_process(tmp_path):
         {"grade_id": "t_ok", "source": "v = [1, 2]\nassert ok(v) == 6 and v == [1, 2, 3], v"},
     ]
     judge = Judge(str(REPO), tmp_path)
+    assert judge.forked == (how == "forked")
     judge.start({"setup": ["import labsupport"], "student": student, "tests": tests, "timeout": 60})
     report = judge.result(300)
     verdicts = {gid: v["passed"] for gid, v in report["tests"].items()}
@@ -224,3 +244,45 @@ def test_student_code_never_runs_in_the_judges_process(tmp_path):
     assert "student code" in report["tests"]["t_eq"]["message"]
     assert "plain values" in report["tests"]["t_make"]["message"]
     assert report["in_process"] == ["__eq__ (answer)"], report
+
+
+JUDGE_CLIENT = """
+import sys, time
+from pathlib import Path
+from autograder.judge import Judge
+judge = Judge(sys.argv[1], Path(sys.argv[2]))
+print(judge.proc.pid, judge.forked, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_forked_judge_runs_in_a_session_of_its_own_and_ends_with_its_grader(shared_server, tmp_path):
+    """A judge forked from the shared server: its parent is the server, it leads a session of its own (so it can be
+    killed with everything it started), and it ends when the grading process that asked for it is killed, even
+    though the server it was forked from runs on."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    grader = subprocess.Popen([sys.executable, "-c", JUDGE_CLIENT, str(REPO), str(tmp_path)], stdout=subprocess.PIPE,
+                              text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    try:
+        pid, forked = grader.stdout.readline().split()
+        pid = int(pid)
+        assert forked == "True"
+        judge = psutil.Process(pid)
+        assert judge.ppid() == shared_server
+        deadline = time.monotonic() + 30
+        while os.getsid(pid) != pid and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert os.getsid(pid) == pid
+        grader.send_signal(signal.SIGKILL)
+        grader.wait()
+        judge.wait(timeout=15)  # raises psutil.TimeoutExpired if the judge outlives its grader
+    finally:
+        grader.kill()
+        grader.wait()
+    assert psutil.pid_exists(shared_server)
