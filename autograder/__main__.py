@@ -135,6 +135,7 @@ def main(argv=None) -> int:
             if args.jobs < 1:
                 raise CourseError("--jobs must be at least 1")
             _check_output_dir(args.out)
+            _stop_on_sigterm()
             grade(args.submissions, Course.at(args.course), args.assignment, args.jobs, args.out, args.cell_timeout,
                   shard=args.shard)
             return 0
@@ -158,9 +159,26 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        print("interrupted" + (" (SIGTERM)" if _TERMINATED else ""), file=sys.stderr)
+        return 143 if _TERMINATED else 130
     return 2
+
+
+_TERMINATED = False
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM (``kill``, ``scancel``, a job's time limit) stops grading as Ctrl-C does: every process the run
+    started is stopped and every temporary file removed (a SIGKILL a moment later leaves the files in $TMPDIR)."""
+    import signal
+
+    def stop(signum, frame):
+        global _TERMINATED
+        _TERMINATED = True
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # stopping takes a moment: once is enough
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 if __name__ == "__main__":

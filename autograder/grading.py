@@ -131,14 +131,42 @@ def _pool_round(indices, tasks, jobs, initargs, on_result) -> list[int]:
                 broken.append(i)
             except Exception as exc:  # a bug in the grader: report it on this row
                 on_result(i, _failed(tasks[i], f"grading failed: internal error {type(exc).__name__}: {exc}"))
-    except BaseException:  # Ctrl-C: stop now, do not wait for the queued notebooks
+    except BaseException:  # Ctrl-C or SIGTERM: stop now, do not wait for the queued notebooks
         processes = list((getattr(pool, "_processes", None) or {}).values())
         pool.shutdown(wait=False, cancel_futures=True)
-        for proc in processes:  # their kernels notice that their parent is gone and exit
-            proc.kill()
+        _kill_trees(processes)
         raise
     pool.shutdown(wait=True)
     return sorted(broken)
+
+
+def _kill_trees(processes) -> None:
+    """Kill the grading processes and the kernels they started. A judge ends with its grading process, a worker
+    with whoever asked for it; the folders of the kernels' workers go once the kernels are gone."""
+    import psutil
+
+    from labsupport._pool import remove_stale_dirs
+
+    kernels = []
+    for proc in processes:
+        try:
+            kernels += psutil.Process(proc.pid).children(recursive=True)
+        except psutil.Error:
+            pass
+    for proc in processes:
+        proc.kill()
+    for kernel in kernels:
+        try:
+            kernel.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(kernels, timeout=10)
+    for proc in processes:
+        proc.join(10)
+    deadline = time.monotonic() + 5  # an orphaned kernel is reaped by init a moment after it died
+    while any(psutil.pid_exists(k.pid) for k in kernels) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    remove_stale_dirs(tempfile.gettempdir())
 
 
 def _run_pool(tasks, jobs, initargs, progress) -> list[Result]:

@@ -89,6 +89,9 @@ def init_worker(template: str, work_root: str, out_dir: str, cell_timeout: float
                 unstarted=None) -> None:
     """Set up a grading process. ``unstarted`` (a shared ``multiprocessing.Value``) counts the submissions no
     process has started yet: a spare judge is started only while there is one left for it."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the grading command's handler is for the grading command
     root = Path(tempfile.mkdtemp(prefix="worker-", dir=work_root))
     _quiet_process(root.with_suffix(".log"))
     os.environ.update(kernel_env([course_root]))

@@ -1,0 +1,80 @@
+"""Stopping a grading run midway: Ctrl-C in a terminal (SIGINT to the whole foreground process group) or SIGTERM to
+the grading command alone (what ``kill``, ``scancel`` and a SLURM job's time limit send) ends it within seconds,
+with no process and no temporary file left behind: no kernel, worker, judge or fork server, no course directory,
+no worker's folder."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+import demo_submissions as demo  # noqa: E402
+
+NAP = ("\n\ndef _nap():\n    import time\n    time.sleep(120)\n\n"
+       "labsupport.run(_nap, world_size=2, timeout=300)\n")
+
+
+def _workers_running(scratch: Path) -> bool:
+    """A kernel's workers are running: processes forked by the fork server that work in a kernel's folder (below
+    ``scratch``) and are not judges (a judge leads a session of its own, in a folder of its own)."""
+    count = 0
+    for proc in psutil.process_iter(["cwd", "cmdline"]):
+        try:
+            cwd = proc.info["cwd"] or ""
+            if (str(scratch) in cwd and "/judge-" not in cwd and os.getsid(proc.pid) != proc.pid
+                    and "forkserver" in " ".join(proc.info["cmdline"] or [])):
+                count += 1
+        except (psutil.Error, TypeError, OSError):
+            continue
+    return count >= 2
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_an_interrupted_grading_leaves_nothing(tmp_path, how):
+    nb = demo._append(demo.good(demo.WORKERS), "pass_to_next", NAP)
+    for student in ("alice", "bob"):
+        folder = tmp_path / "subs" / student / demo.WORKERS
+        folder.mkdir(parents=True)
+        import nbformat
+
+        nbformat.write(nb, folder / f"{demo.WORKERS}.ipynb")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = dict(os.environ, TMPDIR=str(scratch),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(demo.REPO), os.environ.get("PYTHONPATH")])))
+    grader = subprocess.Popen(
+        [sys.executable, "-m", "autograder", "grade", str(tmp_path / "subs"), "--out", str(tmp_path / "out"),
+         "--course", str(demo.COURSE), "--jobs", "2"],
+        cwd=demo.REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)  # its own process group, as a command typed in a terminal
+    try:
+        deadline = time.monotonic() + 180
+        while not _workers_running(scratch) and time.monotonic() < deadline and grader.poll() is None:
+            time.sleep(0.2)
+        assert _workers_running(scratch), "the notebooks' workers never started"
+        tree = psutil.Process(grader.pid).children(recursive=True)
+        assert len(tree) >= 6  # grading processes, kernels, the fork server, judges, workers
+        if how == "ctrl-c":
+            os.killpg(grader.pid, signal.SIGINT)
+        else:
+            grader.send_signal(signal.SIGTERM)
+        out, err = grader.communicate(timeout=60)
+    finally:
+        if grader.poll() is None:
+            os.killpg(grader.pid, signal.SIGKILL)
+            grader.wait()
+    assert grader.returncode == (130 if how == "ctrl-c" else 143), (grader.returncode, out, err)
+    assert "interrupted" in err
+    gone, alive = psutil.wait_procs(tree, timeout=20)
+    assert not alive, [(p.pid, p.cmdline()) for p in alive]
+    deadline = time.monotonic() + 10
+    while list(scratch.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert list(scratch.iterdir()) == []
