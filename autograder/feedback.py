@@ -200,13 +200,37 @@ _EXPORTER = None
 
 
 def _exporter():
-    """One HTML exporter per process (building one compiles its templates, a good part of a second)."""
+    """One HTML exporter per process (building one compiles its templates, a good part of a second).
+
+    Its two costliest filters, highlighting a cell's code and sanitising HTML, are pure functions of their input,
+    and most of a notebook's cells (explanations, set-up, tests) are the same in every submission: a grading
+    process computes each of those once instead of once per notebook.
+    """
     global _EXPORTER
     if _EXPORTER is None:
+        from functools import lru_cache, partial
+
         from nbconvert import HTMLExporter
+        from nbconvert.filters.highlight import Highlight2HTML
+        from nbconvert.filters.strings import clean_html
         from pygments.formatters import HtmlFormatter
 
-        _EXPORTER = HTMLExporter(template_name="basic"), HtmlFormatter().get_style_defs(".highlight")
+        @lru_cache(maxsize=4096)
+        def highlight(lexer, source, language, magics):
+            return Highlight2HTML(pygments_lexer=lexer)(source, language, {"magics_language": magics} if magics
+                                                        else None)
+
+        def highlight_code(lexer, source, language=None, metadata=None):
+            return highlight(lexer, source, language, (metadata or {}).get("magics_language"))
+
+        class Exporter(HTMLExporter):
+            def from_notebook_node(self, nb, resources=None, **kw):
+                info = nb.metadata.get("language_info", {})  # the lexer, as HTMLExporter picks it
+                self.filters["highlight_code"] = partial(highlight_code, info.get("pygments_lexer", info.get("name")))
+                return super().from_notebook_node(nb, resources, **kw)
+
+        exporter = Exporter(template_name="basic", filters={"clean_html": lru_cache(maxsize=4096)(clean_html)})
+        _EXPORTER = exporter, HtmlFormatter().get_style_defs(".highlight")
     return _EXPORTER
 
 
