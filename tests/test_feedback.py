@@ -20,12 +20,12 @@ def _plain_html(nb) -> str:
 
 
 def _variants():
-    base = nbformat.read(REPO / "solutions" / "01_collectives" / "01_collectives.ipynb", as_version=4)
+    base = nbformat.read(REPO / "solutions" / "00_launch" / "00_launch.ipynb", as_version=4)
     edited = copy.deepcopy(base)
-    edited.cells[3].source += "\nanswer = 42  # a student's own line"
+    edited.cells[1].source += "\nanswer = 42  # a student's own line"
     edited.cells.append(nbformat.v4.new_markdown_cell("Some <b>bold</b> words <script>alert(1)</script>"))
     magics = copy.deepcopy(base)
-    magics.cells[3].metadata["magics_language"] = "bash"
+    magics.cells[1].metadata["magics_language"] = "bash"
     no_language = copy.deepcopy(base)
     no_language.metadata.pop("language_info", None)
     ipython = copy.deepcopy(base)
