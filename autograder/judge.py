@@ -265,7 +265,8 @@ class SharedServer:
     Each kernel and judge would otherwise start a server of its own, which imports torch and torch._dynamo:
     about 3 s of CPU each. The server never runs a submission's code (a worker forked from it gets its task from
     the kernel or the judge that asked for it, and a judge gets its submission from the grader). When it cannot
-    start, everyone starts a server of their own, as before.
+    start, everyone starts a server of their own, as before. A process that already runs a fork server of its own
+    (it used labsupport itself) shares that one and leaves it running.
     """
 
     def __init__(self, prefix: str):
@@ -273,9 +274,16 @@ class SharedServer:
 
     def __enter__(self):
         import tempfile
+        from multiprocessing import forkserver
 
         from labsupport import _forkserver
 
+        self.folder, self.saved = None, os.environ.get(_forkserver.SHARED_SERVER_ENV)
+        own = forkserver._forkserver
+        if own._forkserver_pid is not None and not getattr(own, "_labsupport_shared", False):
+            # this process already runs a fork server (it used labsupport itself): share that one and leave it be
+            os.environ[_forkserver.SHARED_SERVER_ENV] = f"{own._forkserver_pid}:{own._forkserver_address}"
+            return self
         base = judge_tmp() or tempfile.gettempdir()
         if len(os.fsencode(os.path.join(base, self.prefix + "12345678", "listener-12345678"))) >= 104:
             base = _SHORT_TMP or base  # a Unix socket's path must be short
@@ -302,9 +310,10 @@ class SharedServer:
 
         from labsupport import _forkserver
 
-        _forkserver._stop_forkserver()
-        _forkserver._forget_mp_tempdir(self.folder)
-        shutil.rmtree(self.folder, ignore_errors=True)
+        if self.folder is not None:  # a server this started
+            _forkserver._stop_forkserver()
+            _forkserver._forget_mp_tempdir(self.folder)
+            shutil.rmtree(self.folder, ignore_errors=True)
         if self.saved is None:
             os.environ.pop(_forkserver.SHARED_SERVER_ENV, None)
         else:

@@ -215,8 +215,15 @@ def _stop_forkserver(wait: float = 5.0) -> None:
             finally:
                 timer.cancel()
         tracker = resource_tracker._resource_tracker
-        if getattr(tracker, "_pid", None) is not None and hasattr(tracker, "_stop"):
-            tracker._stop()
+        pid = getattr(tracker, "_pid", None)
+        if pid is not None and hasattr(tracker, "_stop"):  # the same for the tracker, whose pipe they hold too
+            timer = threading.Timer(wait, _kill_quietly, (pid,))
+            timer.daemon = True
+            timer.start()
+            try:
+                tracker._stop()
+            finally:
+                timer.cancel()
     except Exception:
         pass
 
