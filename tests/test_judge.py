@@ -251,7 +251,7 @@ import sys, time
 from pathlib import Path
 from autograder.judge import Judge
 judge = Judge(sys.argv[1], Path(sys.argv[2]))
-print(judge.proc.pid, judge.forked, flush=True)
+print(judge.proc.pid, judge.forked, judge.cwd, flush=True)
 time.sleep(600)
 """
 
@@ -269,8 +269,9 @@ def test_a_forked_judge_runs_in_a_session_of_its_own_and_ends_with_its_grader(sh
 
     grader = subprocess.Popen([sys.executable, "-c", JUDGE_CLIENT, str(REPO), str(tmp_path)], stdout=subprocess.PIPE,
                               text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    folder = None
     try:
-        pid, forked = grader.stdout.readline().split()
+        pid, forked, folder = grader.stdout.readline().split()
         pid = int(pid)
         assert forked == "True"
         judge = psutil.Process(pid)
@@ -285,4 +286,8 @@ def test_a_forked_judge_runs_in_a_session_of_its_own_and_ends_with_its_grader(sh
     finally:
         grader.kill()
         grader.wait()
+        import shutil
+
+        if folder:  # what a grading run's remove_leftovers does for a killed grader
+            shutil.rmtree(folder, ignore_errors=True)
     assert psutil.pid_exists(shared_server)
