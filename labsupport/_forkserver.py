@@ -195,46 +195,42 @@ class _NoMainImport:
 def _stop_forkserver(wait: float = 5.0) -> None:
     """Stop multiprocessing's fork server (it holds a copy of torch in memory) and its resource tracker.
 
-    Both restart by themselves when needed. The server ends once every process holding its "alive" pipe has
-    closed it, and a process forked from it keeps the copy it was given; one that is still running after ``wait``
-    seconds would make this wait forever, so the server is killed then.
+    Both restart by themselves when needed. Each ends once every process holding its pipe has closed it, and a
+    process forked from the server keeps the copies it was given; one still running after ``wait`` seconds would
+    make this wait forever, so each is killed then.
     """
     try:
-        import threading
         from multiprocessing import forkserver, resource_tracker
 
-        server = forkserver._forkserver
-        pid = getattr(server, "_forkserver_pid", None)
-        if pid is not None and hasattr(server, "_stop"):
-            # the server is our child and not reaped before _stop returns: its pid cannot be another process's
-            timer = threading.Timer(wait, _kill_quietly, (pid,))
-            timer.daemon = True
-            timer.start()
-            try:
-                server._stop()
-            finally:
-                timer.cancel()
-        tracker = resource_tracker._resource_tracker
-        pid = getattr(tracker, "_pid", None)
-        if pid is not None and hasattr(tracker, "_stop"):  # the same for the tracker, whose pipe they hold too
-            timer = threading.Timer(wait, _kill_quietly, (pid,))
-            timer.daemon = True
-            timer.start()
-            try:
-                tracker._stop()
-            finally:
-                timer.cancel()
+        for helper, pid_attr in ((forkserver._forkserver, "_forkserver_pid"),
+                                 (resource_tracker._resource_tracker, "_pid")):
+            _stop_within(helper, getattr(helper, pid_attr, None), wait)
     except Exception:
         pass
 
 
-def _kill_quietly(pid: int) -> None:
+def _stop_within(helper, pid, wait: float) -> None:
+    """``helper._stop()`` (it closes the helper's pipe and waits for the process ``pid``), killing it after ``wait``
+    seconds. The process is our child and is not reaped before ``_stop`` returns, so its pid is no one else's."""
     import signal
+    import threading
 
+    if pid is None or not hasattr(helper, "_stop"):
+        return
+
+    def kill():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+    timer = threading.Timer(wait, kill)
+    timer.daemon = True
+    timer.start()
     try:
-        os.kill(pid, signal.SIGKILL)
-    except OSError:
-        pass
+        helper._stop()
+    finally:
+        timer.cancel()
 
 
 def _inside_fork_server() -> bool:
