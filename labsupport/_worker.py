@@ -34,11 +34,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-try:  # cloudpickle rebuilds functions and classes defined in a notebook
-    import cloudpickle
-except ImportError:  # pragma: no cover - cloudpickle is a dependency
-    cloudpickle = pickle
-
+from . import _pickling  # rebuilds functions and classes defined in a notebook
 from . import tap as _tap
 from ._callboard import install as _install_call_board
 from ._callboard import post_current as _post_current_call
@@ -113,7 +109,7 @@ def _to_cpu(obj):
 def _error_dict(exc: BaseException, where: str) -> dict:
     frames = [(f.filename, f.lineno, f.name, f.line) for f in traceback.extract_tb(exc.__traceback__)]
     try:
-        pickled = cloudpickle.dumps(exc)
+        pickled = _pickling.dumps(exc)
         pickle.loads(pickled)  # only keep it if the notebook will be able to rebuild it
     except Exception:
         pickled = None
@@ -217,7 +213,7 @@ def _run_task(conn, call_id: int, spec: dict, payload: bytes, streams) -> None:
     try:
         _setup_task(spec)
         where = "unpickling the function"
-        fn, args, kwargs = cloudpickle.loads(payload)
+        fn, args, kwargs = _pickling.loads(payload)
         where = "initialising the process group"
         store = dist.PrefixStore(f"labsupport/{call_id}", _store(spec["master_addr"], spec["master_port"], 30.0))
         dist.init_process_group(
@@ -236,7 +232,7 @@ def _run_task(conn, call_id: int, spec: dict, payload: bytes, streams) -> None:
             data = pickle.dumps(_to_cpu(result), protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:
             try:  # classes defined in the notebook need cloudpickle
-                data = cloudpickle.dumps(_to_cpu(result), protocol=pickle.HIGHEST_PROTOCOL)
+                data = _pickling.dumps(_to_cpu(result))
             except Exception:
                 raise TypeError(
                     f"the function returned a {type(result).__name__}, which cannot be sent back to the notebook "

@@ -19,13 +19,7 @@ Design, in short:
 
 from __future__ import annotations
 
-import pickle
-
-try:
-    import cloudpickle
-except ImportError:  # pragma: no cover
-    cloudpickle = pickle
-
+from . import _pickling
 from ._call import _Call
 from ._env import _launched_by_torchrun, _local_cuda_index, _resolve_backend, _run_under_torchrun
 from ._output import MAX_LINES_PER_RANK, MAX_PARTIAL_LINE  # noqa: F401  (their documented home)
@@ -150,7 +144,7 @@ def run(fn, *args, world_size: int = 4, backend: str = "auto", timeout: float = 
         return _run_under_torchrun(fn, args, kwargs, timeout)
     backend = _resolve_backend(backend, world_size)
     try:
-        payload = cloudpickle.dumps((fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+        payload = _pickling.dumps((fn, args, kwargs))
     except Exception as exc:
         raise TypeError(unpicklable_message(fn, exc)) from exc
     with _POOL.lock:

@@ -20,10 +20,7 @@ import shlex
 import sys
 import types
 
-try:
-    import cloudpickle
-except ImportError:  # pragma: no cover
-    import pickle as cloudpickle
+from . import _pickling
 
 _counter = [0]
 
@@ -60,7 +57,7 @@ def _snapshot(code: types.CodeType, user_ns: dict) -> tuple[dict, dict]:
         if name in ("rank", "world_size") or name not in user_ns or hasattr(builtins, name):
             continue
         try:
-            sent[name] = cloudpickle.dumps(user_ns[name])
+            sent[name] = _pickling.dumps(user_ns[name])
         except Exception as exc:
             skipped[name] = f"{type(exc).__name__}: {exc}"
     return sent, skipped
@@ -73,7 +70,7 @@ def run_cell(source: str, filename: str, names: dict, skipped: dict):
     ns = {"__name__": "__main__", "__builtins__": builtins}
     for name, data in names.items():
         try:
-            ns[name] = cloudpickle.loads(data)
+            ns[name] = _pickling.loads(data)
         except Exception as exc:
             skipped[name] = f"{type(exc).__name__}: {exc}"
     ns["rank"] = dist.get_rank()

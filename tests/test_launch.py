@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import cloudpickle
@@ -18,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 import labsupport
-from labsupport import _board, _call, _callboard, _env, _pool, _worker, launch, magics
+from labsupport import _board, _call, _callboard, _env, _pickling, _pool, _worker, launch, magics
 
 #: The bound we keep: a failure reaches the caller within this many seconds of happening.
 FAILURE_LATENCY = 2.0
@@ -311,6 +312,23 @@ def test_module_and_class_defined_at_run_time_travel_both_ways():
         assert model.w.tolist() == [rank + 1.0] * 2
         assert (record.rank, record.value) == (rank, 6.0)
         assert model(torch.ones(2)).tolist() == [rank + 1.0] * 2  # and it still works in the notebook
+
+
+def test_functions_sent_to_workers_keep_the_file_and_lines_of_their_code():
+    """A worker's traceback can name the student's cell only if the code it runs still says where it came from
+    (cloudpickle 3.1.3 and later rename the file of every code object it sends by value to "<dynamic-code>")."""
+    ns = {}
+    exec(compile("def outer(x):\n    def inner(y):\n        return 1 / y\n    return inner(x)\n",
+                 "/tmp/ipykernel_1/123.py", "exec"), ns)
+    rebuilt = _pickling.loads(_pickling.dumps(ns["outer"]))
+    inner = next(c for c in rebuilt.__code__.co_consts if hasattr(c, "co_filename"))
+    assert rebuilt.__code__.co_filename == inner.co_filename == "/tmp/ipykernel_1/123.py"
+    assert (rebuilt.__code__.co_firstlineno, inner.co_firstlineno) == (1, 2)
+    assert rebuilt(4) == 0.25
+    with pytest.raises(ZeroDivisionError) as err:
+        rebuilt(0)
+    assert [(f.filename, f.lineno) for f in traceback.extract_tb(err.value.__traceback__)][-1] == \
+        ("/tmp/ipykernel_1/123.py", 3)
 
 
 def test_run_inside_a_worker_just_calls_the_function():
