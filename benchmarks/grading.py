@@ -1,6 +1,6 @@
 """How long grading takes: N copies of the solutions graded with --jobs 1 and with --jobs 2.
 
-    python benchmarks/grading.py [-n 6] [--assignment ID] [--course DIR] [--jobs 1 2] [--package DIR]
+    python benchmarks/grading.py [-n 6] [--assignment ID] [--course DIR] [--jobs 1 2] [--rounds 1] [--package DIR]
 
 Makes N students who each hand in every assignment's solution notebook, runs ``python -m autograder grade`` on
 them serially and then with two jobs (each a fresh command, start-up included), checks that both runs agree and
@@ -9,6 +9,11 @@ demo course instead of the real one (seconds instead of minutes). For each run i
 building the template course (nbgrader's release and gradebook), the pool of grading processes, merging the
 gradebooks, and per notebook the nbgrader run (kernel start and cells) and the wait for the judge. ``--package DIR``
 grades with the ``autograder`` package found in DIR (e.g. an older checkout) to compare two versions.
+
+A shared machine's speed drifts by tens of percent within minutes. ``--rounds R`` runs the ``--jobs`` values in
+turn R times and gives each speed-up as the median of the ratios within a round (runs back to back), next to what
+bounds it: how much of the machine a serial run already uses, and how well this machine runs two processes at once
+(``benchmarks/machine.py``; ``--no-ceiling`` skips it).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import csv
 import json
 import os
 import resource
+import statistics
 import shutil
 import subprocess
 import sys
@@ -86,12 +92,29 @@ def breakdown(path: Path, jobs: int, seconds: float) -> str:
     return "\n".join(lines)
 
 
+def check_grades(out: Path, seen: list) -> None:
+    """Warn when a run's grades differ from the first run's, or are not full marks."""
+    with open(out / "grades.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    if seen and rows != seen[0]:
+        print("warning: this run's grades differ from the first run's")
+    if not seen:
+        seen.append(rows)
+        not_full = [r for r in rows if r["status"] != "ok" or r["points"] != r["max_points"]]
+        if not_full:
+            print(f"warning: {len(not_full)} solution notebooks did not get full marks, e.g. {not_full[0]}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", "--copies", type=int, default=6, help="number of students (default: 6)")
     parser.add_argument("--assignment", metavar="ID", help="only this assignment (default: all)")
     parser.add_argument("--course", type=Path, default=REPO, help="course root (default: this repository)")
     parser.add_argument("--jobs", type=int, nargs="+", default=[1, 2], help="the --jobs values to time (default: 1 2)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the --jobs values in turn this many times (default: 1); speed-ups are medians")
+    parser.add_argument("--no-ceiling", dest="ceiling", action="store_false",
+                        help="do not measure how well this machine runs two processes at once")
     parser.add_argument("--package", type=Path, default=REPO,
                         help="folder holding the autograder package to run (default: this repository)")
     args = parser.parse_args()
@@ -109,32 +132,47 @@ def main() -> int:
                 folder.mkdir(parents=True)
                 shutil.copyfile(solutions / aid / f"{aid}.ipynb", folder / f"{aid}.ipynb")
         n = args.copies * len(ids)
+        rows: list = []
         print(f"grading {args.copies} copies of the solutions of {', '.join(ids)} ({n} notebooks) "
               f"on {os.cpu_count()} cores", flush=True)
         if hasattr(os, "getloadavg") and os.getloadavg()[0] > 0.5:
             print(f"  note: the machine is busy (load {os.getloadavg()[0]:.1f}): times and ratios are not "
                   "representative", flush=True)
-        times = {}
-        for jobs in args.jobs:
-            times[jobs] = grade(subs, Path(tmp) / f"out{jobs}", jobs, course, args.assignment, args.package.resolve())
-            print(f"  --jobs {jobs}: {times[jobs]:7.1f} s  ({times[jobs] / n:.1f} s per notebook, "
-                  f"{CPU[jobs] / n:.1f} CPU s per notebook"
-                  + (f"; the machine: {MACHINE_CPU[jobs] / n:.1f} CPU s per notebook, "
-                     f"{MACHINE_CPU[jobs] / times[jobs]:.2f} cores busy" if jobs in MACHINE_CPU else "") + ")",
-                  flush=True)
-            print(breakdown(Path(tmp) / f"timings-out{jobs}.json", jobs, times[jobs]), flush=True)
-        rows = {}
-        for jobs in args.jobs:
-            with open(Path(tmp) / f"out{jobs}" / "grades.csv", newline="") as f:
-                rows[jobs] = list(csv.DictReader(f))
-        first = rows[args.jobs[0]]
-        if any(rows[j] != first for j in args.jobs):
-            print("warning: the runs disagree")
-        not_full = [r for r in first if r["status"] != "ok" or r["points"] != r["max_points"]]
-        if not_full:
-            print(f"warning: {len(not_full)} solution notebooks did not get full marks, e.g. {not_full[0]}")
+        times: dict[int, list[float]] = {j: [] for j in args.jobs}
+        busy: dict[int, list[float]] = {j: [] for j in args.jobs}
+        for round_ in range(args.rounds):
+            if args.rounds > 1:
+                print(f"round {round_ + 1} of {args.rounds}", flush=True)
+            for jobs in args.jobs:
+                out = Path(tmp) / f"out{jobs}"
+                shutil.rmtree(out, ignore_errors=True)
+                seconds = grade(subs, out, jobs, course, args.assignment, args.package.resolve())
+                times[jobs].append(seconds)
+                if jobs in MACHINE_CPU:
+                    busy[jobs].append(MACHINE_CPU[jobs] / seconds)
+                print(f"  --jobs {jobs}: {seconds:7.1f} s  ({seconds / n:.1f} s per notebook, "
+                      f"{CPU[jobs] / n:.1f} CPU s per notebook"
+                      + (f"; the machine: {MACHINE_CPU[jobs] / n:.1f} CPU s per notebook, "
+                         f"{MACHINE_CPU[jobs] / seconds:.2f} cores busy" if jobs in MACHINE_CPU else "") + ")",
+                      flush=True)
+                print(breakdown(Path(tmp) / f"timings-out{jobs}.json", jobs, seconds), flush=True)
+                check_grades(out, rows)
+        base = args.jobs[0]
         for jobs in args.jobs[1:]:
-            print(f"  speed-up with --jobs {jobs}: {times[args.jobs[0]] / times[jobs]:.2f}x")
+            ratios = [a / b for a, b in zip(times[base], times[jobs])]
+            spread = f" (rounds: {', '.join(f'{r:.2f}x' for r in ratios)})" if len(ratios) > 1 else ""
+            print(f"  speed-up with --jobs {jobs}: {statistics.median(ratios):.2f}x{spread}")
+        if busy[base] and base == 1:
+            serial = statistics.median(busy[base])
+            cores = os.cpu_count() or 1
+            print(f"  a serial run keeps {serial:.2f} cores busy: with no overhead at all, {cores} cores give at most "
+                  f"{cores / serial:.2f}x")
+        if args.ceiling:
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            import machine
+
+            print("  this machine running two processes at once (benchmarks/machine.py):")
+            print(machine.report(machine.speedups(seconds=1.0, repeat=2)))
     return 0
 
 

@@ -10,16 +10,18 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _run_script(name: str, *args: str) -> str:
+def _run_script(name: str, *args: str, timeout: float = 120) -> str:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.pop("LABSUPPORT_GRADING", None)
     start = time.monotonic()
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / name), *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, f"{name} {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
     print(f"{name} {' '.join(args)}: {time.monotonic() - start:.1f} s\n{proc.stdout}")
     return proc.stdout
@@ -50,3 +52,25 @@ def test_ddp_benchmark_buckets_are_the_notebooks():
 
     buckets = expected_buckets(make_mlp(64, 3, seed=0), 0.02)
     assert [len(b) for b in buckets] == [3, 2, 1], buckets
+
+
+@pytest.mark.slow
+def test_grading_benchmark_rounds_on_the_demo_course():
+    """Two rounds of serial and parallel grading of the small demo course: each run, the median speed-up with the
+    ratio of each round, and the bound a serial run's own use of the cores sets."""
+    out = _run_script("grading.py", "--course", "tests/fixtures/course", "-n", "1", "--rounds", "2", "--no-ceiling",
+                      timeout=300)
+    runs = re.findall(r"^  --jobs (\d+): +[\d.]+ s", out, flags=re.M)
+    assert runs == ["1", "2", "1", "2"], out
+    assert re.search(r"speed-up with --jobs 2: [\d.]+x \(rounds: [\d.]+x, [\d.]+x\)", out), out
+    assert re.search(r"a serial run keeps [\d.]+ cores busy: with no overhead at all, \d+ cores give at most [\d.]+x",
+                     out), out
+    assert "warning" not in out, out
+
+
+def test_machine_benchmark_prints_each_workload():
+    out = _run_script("machine.py", "--seconds", "0.2", "--repeat", "1")
+    rows = re.findall(r"^\s+(interpreter|objects|import torch)\s+alone\s+[\d.]+ s, two at once\s+[\d.]+ s: ([\d.]+)x",
+                      out, flags=re.M)
+    assert [name for name, _ in rows] == ["interpreter", "objects", "import torch"], out
+    assert all(float(ratio) > 0 for _, ratio in rows), out
