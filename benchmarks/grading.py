@@ -172,7 +172,7 @@ def main() -> int:
             import machine
 
             print("  this machine running two processes at once (benchmarks/machine.py):")
-            print(machine.report(machine.speedups(seconds=1.0, repeat=2)))
+            print(machine.report(machine.speedups(seconds=1.0, repeat=3)))
     return 0
 
 
