@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,15 +32,23 @@ def run(path: Path, grading: bool, cell_timeout: float) -> tuple[float, list[tup
     timings: list[tuple[float, str]] = []
     client = NotebookClient(nb, timeout=cell_timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
     started = time.perf_counter()
-    with client.setup_kernel(env=env):
-        for index, cell in enumerate(nb.cells):
-            if cell.cell_type != "code":
-                continue
-            t0 = time.perf_counter()
-            client.execute_cell(cell, index)  # raises CellExecutionError on an error
-            first = next((ln for ln in cell.source.splitlines() if ln.strip()), "")[:50]
-            timings.append((time.perf_counter() - t0, f"cell {index + 1}: {first}"))
-    return time.perf_counter() - started, sorted(timings, reverse=True)[:3]
+    try:
+        with client.setup_kernel(env=env):
+            for index, cell in enumerate(nb.cells):
+                if cell.cell_type != "code":
+                    continue
+                t0 = time.perf_counter()
+                client.execute_cell(cell, index)  # raises CellExecutionError on an error
+                first = next((ln for ln in cell.source.splitlines() if ln.strip()), "")[:50]
+                timings.append((time.perf_counter() - t0, f"cell {index + 1}: {first}"))
+        seconds = time.perf_counter() - started
+    finally:
+        # nbclient stops the kernel without letting it clean up: the folder its workers used goes now
+        sys.path.insert(0, str(REPO))
+        from labsupport._pool import remove_stale_dirs
+
+        remove_stale_dirs(tempfile.gettempdir())
+    return seconds, sorted(timings, reverse=True)[:3]
 
 
 def main() -> int:
