@@ -23,8 +23,8 @@ import csv
 import json
 import os
 import resource
-import statistics
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile

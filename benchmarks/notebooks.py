@@ -13,11 +13,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from autograder.execute import _remove_kernel_leftovers  # noqa: E402
 
 
 def run(path: Path, grading: bool, cell_timeout: float) -> tuple[float, list[tuple[float, str]]]:
@@ -43,11 +45,7 @@ def run(path: Path, grading: bool, cell_timeout: float) -> tuple[float, list[tup
                 timings.append((time.perf_counter() - t0, f"cell {index + 1}: {first}"))
         seconds = time.perf_counter() - started
     finally:
-        # nbclient stops the kernel without letting it clean up: the folder its workers used goes now
-        sys.path.insert(0, str(REPO))
-        from labsupport._pool import remove_stale_dirs
-
-        remove_stale_dirs(tempfile.gettempdir())
+        _remove_kernel_leftovers(env)  # as the grader does after each notebook
     return seconds, sorted(timings, reverse=True)[:3]
 
 

@@ -14,11 +14,9 @@ import io
 import marshal
 import pickle
 import types
+from collections import ChainMap
 
-try:
-    import cloudpickle
-except ImportError:  # pragma: no cover - cloudpickle is a dependency
-    cloudpickle = None
+import cloudpickle
 
 loads = pickle.loads
 
@@ -27,18 +25,12 @@ def _code_reduce(code: types.CodeType):
     return marshal.loads, (marshal.dumps(code),)
 
 
-if cloudpickle is not None:
-    from collections import ChainMap
+class _Pickler(cloudpickle.Pickler):
+    dispatch_table = ChainMap({types.CodeType: _code_reduce}, cloudpickle.Pickler.dispatch_table)
 
-    class _Pickler(cloudpickle.Pickler):
-        dispatch_table = ChainMap({types.CodeType: _code_reduce}, cloudpickle.Pickler.dispatch_table)
 
-    def dumps(obj, protocol: int = pickle.HIGHEST_PROTOCOL) -> bytes:
-        """cloudpickle.dumps, keeping each code object's file name and line numbers."""
-        with io.BytesIO() as file:
-            _Pickler(file, protocol=protocol).dump(obj)
-            return file.getvalue()
-
-else:  # pragma: no cover
-    def dumps(obj, protocol: int = pickle.HIGHEST_PROTOCOL) -> bytes:
-        return pickle.dumps(obj, protocol=protocol)
+def dumps(obj, protocol: int = pickle.HIGHEST_PROTOCOL) -> bytes:
+    """cloudpickle.dumps, keeping each code object's file name and line numbers."""
+    with io.BytesIO() as file:
+        _Pickler(file, protocol=protocol).dump(obj)
+        return file.getvalue()
