@@ -195,23 +195,25 @@ class _NoMainImport:
 def _stop_forkserver(wait: float = 5.0) -> None:
     """Stop multiprocessing's fork server (it holds a copy of torch in memory) and its resource tracker.
 
-    Both restart by themselves when needed. Each ends once every process holding its pipe has closed it, and a
-    process forked from the server keeps the copies it was given; one still running after ``wait`` seconds would
-    make this wait forever, so each is killed then.
+    Both restart by themselves when needed. The server is killed (see below). The tracker ends once every process
+    holding its pipe has closed it, and a process forked from the server keeps the copy it was given; a tracker
+    still running after ``wait`` seconds would make this wait forever, so it is killed then.
     """
     try:
         from multiprocessing import forkserver, resource_tracker
 
-        for helper, pid_attr in ((forkserver._forkserver, "_forkserver_pid"),
-                                 (resource_tracker._resource_tracker, "_pid")):
-            _stop_within(helper, getattr(helper, pid_attr, None), wait)
+        # the server has nothing to save (its socket goes with the pool's folder), and letting it end by itself
+        # means tearing down its torch, up to a second: it is killed at once
+        _stop_within(forkserver._forkserver, getattr(forkserver._forkserver, "_forkserver_pid", None), 0.0)
+        tracker = resource_tracker._resource_tracker
+        _stop_within(tracker, getattr(tracker, "_pid", None), wait)
     except Exception:
         pass
 
 
 def _stop_within(helper, pid, wait: float) -> None:
     """``helper._stop()`` (it closes the helper's pipe and waits for the process ``pid``), killing it after ``wait``
-    seconds. The process is our child and is not reaped before ``_stop`` returns, so its pid is no one else's."""
+    seconds (at once for 0). The process is our child and is not reaped before ``_stop`` returns, so its pid is no one else's."""
     import signal
     import threading
 
@@ -224,6 +226,10 @@ def _stop_within(helper, pid, wait: float) -> None:
         except OSError:
             pass
 
+    if wait <= 0:
+        kill()
+        helper._stop()
+        return
     timer = threading.Timer(wait, kill)
     timer.daemon = True
     timer.start()

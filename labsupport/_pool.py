@@ -14,6 +14,7 @@ import pickle
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -281,5 +282,43 @@ def start_early() -> None:
     labsupport, that import happens while the student reads and runs the next cells, so the first ``run`` finds the
     server ready and costs what a later call costs plus the forks.
     """
+    if "ipykernel" in sys.modules:
+        _stop_with_the_kernel()
     if _wants_early_start():
         threading.Thread(target=_start_fork_server, daemon=True, name="labsupport-early-start").start()
+
+
+def _stop_with_the_kernel() -> None:
+    """In a notebook kernel: stop the workers, the fork server and multiprocessing's resource tracker as soon as
+    the kernel is asked to shut down or restart, before ipykernel goes after its child processes.
+
+    Left to ipykernel, a kernel's children get SIGTERM, then SIGKILL, with growing pauses as long as any is left
+    (about 30 s in all), and the resource tracker ignores SIGTERM and stays unreaped after SIGKILL. jupyter_client
+    does not wait that long: it terminates the kernel after 2.5 s and kills it after 5, before ``shutdown`` runs
+    at exit. So every restart took seconds and ended in a kill. ``do_shutdown`` is where a kernel does what must
+    happen when the front end shuts it down; this wraps the kernel's own.
+    """
+    try:
+        from IPython import get_ipython
+
+        kernel = getattr(get_ipython(), "kernel", None)
+    except Exception:
+        return
+    if kernel is None or not callable(getattr(kernel, "do_shutdown", None)) or \
+            getattr(kernel, "_labsupport_stops_first", False):
+        return
+    original = kernel.do_shutdown
+
+    def do_shutdown(restart):
+        # a cell still inside run() holds the lock: then ipykernel's own ending stops the workers
+        if _POOL.lock.acquire(timeout=2.0):
+            try:
+                _POOL.shutdown()
+            except Exception:
+                pass
+            finally:
+                _POOL.lock.release()
+        return original(restart)
+
+    kernel.do_shutdown = do_shutdown
+    kernel._labsupport_stops_first = True
