@@ -112,6 +112,8 @@ def test_solution_gets_full_marks(aid, graded):
     assert row["status"] == "ok", row
     assert float(row["points"]) == float(row["max_points"]) > 0, row
     assert row["tampered_cells"] == "", row
+    # the points are the judge's, from the definitions alone; no flag: its verdicts agree with the kernel's
+    assert row["flags"] == "", row
 
 
 @pytest.mark.timeout(1800)
