@@ -227,7 +227,8 @@ def run_notebook(nb, cwd: Path, timeout: float, env: dict | None = None, progres
 
 
 def _remove_kernel_leftovers(env: dict | None) -> None:
-    """nbclient stops the kernel without letting it clean up: the folder its workers used goes now."""
+    """A kernel normally removes the folder its workers used as it shuts down; one that was killed (a time-out, a
+    crash, a cell that ignored the interrupt) could not: its folder goes now."""
     import tempfile
 
     from labsupport._pool import remove_stale_dirs
