@@ -213,7 +213,8 @@ def _stop_forkserver(wait: float = 5.0) -> None:
 
 def _stop_within(helper, pid, wait: float) -> None:
     """``helper._stop()`` (it closes the helper's pipe and waits for the process ``pid``), killing it after ``wait``
-    seconds (at once for 0). The process is our child and is not reaped before ``_stop`` returns, so its pid is no one else's."""
+    seconds (at once for 0). The process is our child and is not reaped before ``_stop`` returns, so its pid is no
+    one else's."""
     import signal
     import threading
 
