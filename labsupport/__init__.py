@@ -23,6 +23,7 @@ from .visible import require_passed
 from .launch import WorkerError, WorkerTimeout, device, in_worker, run, shutdown
 from .timeline import Timeline
 from ._pool import start_early as _start_early
+from ._pool import stop_with_the_kernel as _stop_with_the_kernel
 
 __all__ = [
     "run",
@@ -60,3 +61,4 @@ def load_ipython_extension(ipython):
 
 
 _start_early()  # in a notebook kernel: the fork server imports torch while the notebook goes on
+_stop_with_the_kernel()  # in a notebook kernel: a shutdown or restart stops the workers first

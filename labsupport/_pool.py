@@ -282,13 +282,11 @@ def start_early() -> None:
     labsupport, that import happens while the student reads and runs the next cells, so the first ``run`` finds the
     server ready and costs what a later call costs plus the forks.
     """
-    if "ipykernel" in sys.modules:
-        _stop_with_the_kernel()
     if _wants_early_start():
         threading.Thread(target=_start_fork_server, daemon=True, name="labsupport-early-start").start()
 
 
-def _stop_with_the_kernel() -> None:
+def stop_with_the_kernel() -> None:
     """In a notebook kernel: stop the workers, the fork server and multiprocessing's resource tracker as soon as
     the kernel is asked to shut down or restart, before ipykernel goes after its child processes.
 
@@ -296,8 +294,10 @@ def _stop_with_the_kernel() -> None:
     (about 30 s in all), and the resource tracker ignores SIGTERM and stays unreaped after SIGKILL. jupyter_client
     does not wait that long: it terminates the kernel after 2.5 s and kills it after 5, before ``shutdown`` runs
     at exit. So every restart took seconds and ended in a kill. ``do_shutdown`` is where a kernel does what must
-    happen when the front end shuts it down; this wraps the kernel's own.
+    happen when the front end shuts it down; this wraps the kernel's own. Outside a kernel it does nothing.
     """
+    if "ipykernel" not in sys.modules:
+        return
     try:
         from IPython import get_ipython
 
