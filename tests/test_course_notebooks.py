@@ -2,12 +2,11 @@
 marks from ``grade``, the untouched release gets zero without a hang, a planted bug costs its own exercise's points
 and nothing else's, and nothing in git leaks or carries outputs.
 
-All assignments are graded in one ``grade --jobs 2`` run (a session fixture), so adding a notebook adds its own
-grading time and nothing more.
+All assignments are graded in the class's one ``grade --jobs 2`` run (``class_graded``, see
+``fixtures/class_of_submissions.py``), so adding a notebook adds its own grading time and nothing more.
 """
 
 import json
-import runpy
 import shutil
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 import demo_submissions as demo  # noqa: E402
+from class_of_submissions import CHECKED, CHECKED_WRONG, MUTANTS  # noqa: E402
 
 from autograder.course import Course  # noqa: E402
 
@@ -35,28 +35,6 @@ def regenerated(tmp_path_factory):
     return out
 
 
-# Planted bugs graded through nbgrader, a few per notebook, each in an exercise that no other exercise calls:
-# tests/fixtures/mutants/ID.py defines MUTANTS = {grade_id of the answer cell: the student's wrong code}.
-# Each must cost exactly its exercise.
-def _load_mutants() -> dict:
-    out = {}
-    for path in sorted((Path(__file__).parent / "fixtures" / "mutants").glob("*.py")):
-        if path.stem in ASSIGNMENTS:
-            out[path.stem] = runpy.run_path(str(path))["MUTANTS"]
-    return out
-
-
-MUTANTS = _load_mutants()
-
-
-def _mutant(aid: str):
-    """The solution handed in as a student would (release cells, solution code), with MUTANTS[aid] planted."""
-    nb = demo.good(aid, course=REPO)
-    for grade_id, code in MUTANTS[aid].items():
-        nb.cells[demo.index(nb, grade_id)].source = code
-    return nb
-
-
 def _cell_scores(out: Path, student: str, aid: str) -> dict:
     """{grade_id: (score, max_score)} of one graded notebook, from the gradebook ``grade`` wrote."""
     import warnings
@@ -72,25 +50,6 @@ def _cell_scores(out: Path, student: str, aid: str) -> dict:
         return {g.name: (g.score, g.max_score) for g in notebook.grades}
 
 
-@pytest.fixture(scope="session")
-def graded(tmp_path_factory):
-    """The solution, the untouched release and a mutant of every assignment, graded in one run with two jobs."""
-    root = tmp_path_factory.mktemp("course-grading")
-    for aid in ASSIGNMENTS:
-        for student, src in (("solution", COURSE.solutions), ("release", COURSE.notebooks)):
-            if (src / aid / f"{aid}.ipynb").is_file():  # a missing release fails its own test below
-                folder = root / "subs" / student / aid
-                folder.mkdir(parents=True)
-                shutil.copyfile(src / aid / f"{aid}.ipynb", folder / f"{aid}.ipynb")
-        if aid in MUTANTS and (COURSE.notebooks / aid / f"{aid}.ipynb").is_file():
-            folder = root / "subs" / "mutant" / aid
-            folder.mkdir(parents=True)
-            nbformat.write(_mutant(aid), folder / f"{aid}.ipynb")
-    proc = demo.cli("grade", root / "subs", "--jobs", 2, "--out", root / "out", "--course", REPO, timeout=1800)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return demo.read_grades(root / "out" / "grades.csv"), root / "out"
-
-
 @pytest.mark.parametrize("aid", PARAMS)
 def test_release_is_what_solutions_generate(aid, regenerated):
     committed = COURSE.notebooks / aid
@@ -104,10 +63,9 @@ def test_release_is_what_solutions_generate(aid, regenerated):
             f"notebooks/{aid}/{rel} differs from what solutions/ generates: run python -m autograder release"
 
 
-@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("aid", PARAMS)
-def test_solution_gets_full_marks(aid, graded):
-    grades, _ = graded
+def test_solution_gets_full_marks(aid, class_graded):
+    grades = class_graded.grades
     row = grades[("solution", aid)]
     assert row["status"] == "ok", row
     assert float(row["points"]) == float(row["max_points"]) > 0, row
@@ -116,10 +74,9 @@ def test_solution_gets_full_marks(aid, graded):
     assert row["flags"] == "", row
 
 
-@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("aid", PARAMS)
-def test_untouched_release_gets_zero(aid, graded):
-    grades, _ = graded
+def test_untouched_release_gets_zero(aid, class_graded):
+    grades = class_graded.grades
     assert (COURSE.notebooks / aid / f"{aid}.ipynb").is_file(), f"notebooks/{aid} is missing: run release"
     row = grades[("release", aid)]
     assert row["status"] == "ok", row
@@ -128,10 +85,9 @@ def test_untouched_release_gets_zero(aid, graded):
     assert "cells stopped after" not in row["reason"], row  # failed quickly, no time limit was needed
 
 
-@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("aid", sorted(MUTANTS))
-def test_planted_bug_costs_its_exercise_and_nothing_else(aid, graded):
-    grades, out = graded
+def test_planted_bug_costs_its_exercise_and_nothing_else(aid, class_graded):
+    grades, out = class_graded.grades, class_graded.out
     row = grades[("mutant", aid)]
     assert row["status"] == "ok", row
     assert row["tampered_cells"] == "", row
@@ -146,14 +102,12 @@ def test_planted_bug_costs_its_exercise_and_nothing_else(aid, graded):
     assert float(row["points"]) == sum(m for t, (_, m) in scores.items() if t not in lost), row
 
 
-@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("aid", PARAMS)
-def test_feedback_has_no_hidden_test(aid, graded):
-    _, out = graded
+def test_feedback_has_no_hidden_test(aid, class_graded):
     secret = demo.hidden_test_lines(aid, course=REPO)
     assert (COURSE.notebooks / aid / f"{aid}.ipynb").is_file(), f"notebooks/{aid} is missing: run release"
     for student in ("solution", "release"):
-        page = (out / "feedback" / student / f"{aid}.html").read_text()
+        page = class_graded.feedback(student, aid).read_text()
         text = demo.html_text(page)
         for line in secret:
             assert line not in text, (student, line)
@@ -195,29 +149,21 @@ def _diagnosis(message: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"[-+]?\d[\d.e+-]*", "#", text)).strip()
 
 
-@pytest.mark.timeout(900)
-def test_check_gives_the_graders_messages(tmp_path):
+def test_check_gives_the_graders_messages(class_graded):
     """``check`` on notebook 01 with a wrong ``reduce``, a reduce_scatter that forgets its own chunk and broadcast
-    not written: those three fail with the messages the grader's feedback gives for the same notebook (up to the
-    values drawn), the others pass, and the score is the hidden tests'."""
-    aid = "01_collectives"
-    if aid not in ASSIGNMENTS or aid not in MUTANTS:
+    not written (student ``checked`` of the class): those three fail with the messages the grader's feedback gives
+    for the same notebook (up to the values drawn), the others pass, and the score is the hidden tests'."""
+    aid = CHECKED
+    if ("checked", aid) not in class_graded.subs:
         pytest.skip(f"{aid} is not in solutions/")
-    nb = demo.good(aid, course=REPO)
-    nb.cells[demo.index(nb, "reduce")].source = MUTANTS[aid]["reduce"]
-    cell = nb.cells[demo.index(nb, "reduce_scatter")]
-    assert "result = chunks[rank].clone()" in cell.source
-    cell.source = cell.source.replace("result = chunks[rank].clone()", "result = torch.zeros_like(chunks[rank])")
-    nb.cells[demo.index(nb, "broadcast")].source = "def broadcast(tensor, src):\n    raise NotImplementedError()\n"
-    folder = tmp_path / "subs" / "student" / aid
-    folder.mkdir(parents=True)
-    nbformat.write(nb, folder / f"{aid}.ipynb")
+    path = class_graded.subs[("checked", aid)]
+    nb = nbformat.read(path, as_version=4)
 
     import tempfile
 
     tmp = tempfile.mkdtemp(prefix="c-", dir="/tmp")  # its own (short) temporary folder: check leaves nothing there
     try:
-        proc = demo.cli("check", folder / f"{aid}.ipynb", timeout=600, env={"TMPDIR": tmp})
+        proc = demo.cli("check", path, timeout=600, env={"TMPDIR": tmp})
         left = sorted(n for n in Path(tmp).iterdir() if not n.name.startswith("torchinductor_"))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -226,7 +172,7 @@ def test_check_gives_the_graders_messages(tmp_path):
     lines = {ln.split()[0]: ln for ln in proc.stdout.splitlines() if ln.startswith("  ") and "pts" in ln}
     names = ["broadcast", "reduce", "all_reduce", "gather", "all_gather", "scatter", "reduce_scatter", "all_to_all"]
     assert sorted(lines) == sorted(names), proc.stdout
-    wrong = {"broadcast", "reduce", "reduce_scatter"}
+    wrong = set(CHECKED_WRONG)
     for name in set(names) - wrong:
         assert "ok    hidden tests passed" in lines[name], lines[name]
     assert "not implemented yet" in lines["broadcast"], lines["broadcast"]
@@ -237,11 +183,9 @@ def test_check_gives_the_graders_messages(tmp_path):
     lost = sum(points[f"test_{name}"] for name in wrong)
     assert f"Score from the grader's hidden tests: {total - lost:g} / {total:g} points" in proc.stdout, proc.stdout
 
-    graded = demo.cli("grade", tmp_path / "subs", "--out", tmp_path / "out", "--course", REPO, timeout=900)
-    assert graded.returncode == 0, graded.stdout + graded.stderr
-    row = demo.read_grades(tmp_path / "out" / "grades.csv")[("student", aid)]
+    row = class_graded.grades[("checked", aid)]
     assert float(row["points"]) == total - lost, row
-    html = next((tmp_path / "out" / "feedback").rglob("*.html")).read_text(encoding="utf-8")
+    html = class_graded.feedback("checked", aid).read_text(encoding="utf-8")
     import html as html_lib
 
     import re

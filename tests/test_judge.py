@@ -1,89 +1,32 @@
-"""A submission cannot raise its own grade: each kind of cheat, graded by the real ``python -m autograder grade`` on
-notebook 01, ends with no points for the cheated exercise and/or a flag for review. Plus the judge's rules for
-what of a student's cell it runs (no kernels needed for those)."""
+"""A submission cannot raise its own grade: each kind of cheat (``CHEATS`` of ``fixtures/class_of_submissions.py``),
+graded with the class by the real ``python -m autograder grade`` on notebook 01, ends with no points for the cheated
+exercise and/or a flag for review. Plus the judge's rules for what of a student's cell it runs (no kernels needed for
+those)."""
 
 import sys
 from pathlib import Path
 
-import nbformat
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 import demo_submissions as demo  # noqa: E402
+from class_of_submissions import CHEATED as AID, CHEATS  # noqa: E402
 
 from autograder.judge import definitions  # noqa: E402
 from autograder.stand_ins import _plain  # noqa: E402
 
-AID = "01_collectives"
 REPO = demo.REPO
 
-BUILTIN_BROADCAST = "def broadcast(tensor, src):\n    dist.broadcast(tensor, src=src)\n"
 
-#: student: (answer cell, its new source, the test that must lose its points or None, words the flags must hold)
-CHEATS = {
-    "patched_check": ("broadcast", BUILTIN_BROADCAST + (
-        "import autograder.checks.collectives as c; c.check_broadcast = lambda *a, **k: None\n"),
-        "test_broadcast", ["imports the grader", "rebinds an attribute of module autograder.checks.collectives",
-                           "kernel: passed, judge: failed"]),
-    "sys_modules_loop": ("broadcast", BUILTIN_BROADCAST + (
-        "import sys\nimport autograder.checks.collectives\n"
-        "for _module in list(sys.modules.values()):\n"
-        "    for _name in list(getattr(_module, '__dict__', {})):\n"
-        "        if _name.startswith('check_'):\n"
-        "            setattr(_module, _name, lambda *a, **k: None)\n"),
-        "test_broadcast", ["uses sys.modules", "kernel: passed, judge: failed"]),
-    "obfuscated_code_swap": ("broadcast", BUILTIN_BROADCAST + (
-        "_m = __import__(''.join(['auto', 'grader.checks.', 'collec', 'tives']), fromlist=['x'])\n"
-        "_m.check_broadcast.__code__ = (lambda *a, **k: None).__code__\n"),
-        "test_broadcast", ["calls __import__", "touches __code__", "kernel: passed, judge: failed"]),
-    "ipython_hook": ("broadcast", BUILTIN_BROADCAST + (
-        "_ip = get_ipython()\n_original = _ip.run_cell\n"
-        "def _run_cell(raw_cell, *args, **kwargs):\n"
-        "    if 'autograder' in raw_cell:\n"
-        "        raw_cell = 'pass'\n"
-        "    return _original(raw_cell, *args, **kwargs)\n"
-        "_ip.run_cell = _run_cell\n"),
-        "test_broadcast", ["uses get_ipython", "kernel: passed, judge: failed"]),
-    "backend_object": ("all_reduce", (
-        "def all_reduce(tensor):\n"
-        "    dist.group.WORLD._get_backend(torch.device('cpu')).allreduce([tensor]).wait()\n"),
-        None, ["private name (dist.group.WORLD._get_backend)"]),
-    "functional_collective": ("all_to_all", (
-        "def all_to_all(chunks):\n"
-        "    import torch.distributed._functional_collectives as fc\n"
-        "    flat = torch.stack([c.reshape(-1) for c in chunks])\n"
-        "    out = fc.wait_tensor(fc.all_to_all_single(flat, None, None, dist.group.WORLD))\n"
-        "    return [row.reshape(chunks[0].shape).clone() for row in out]\n"),
-        None, ["private module or name (torch.distributed._functional_collectives)"]),
-}
-
-
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cheats")
-    subs = root / "subs"
-    notebooks = {"honest": demo.good(AID, REPO)}
-    for student, (cell, source, _test, _words) in CHEATS.items():
-        nb = demo.good(AID, REPO)
-        nb.cells[demo.index(nb, cell)].source = source
-        notebooks[student] = nb
-    for student, nb in notebooks.items():
-        (subs / student / AID).mkdir(parents=True)
-        nbformat.write(nb, subs / student / AID / f"{AID}.ipynb")
-    proc = demo.cli("grade", subs, "--jobs", 2, "--out", root / "out", "--assignment", AID, "--course", REPO)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return {"out": root / "out", "proc": proc, "grades": demo.read_grades(root / "out" / "grades.csv")}
-
-
-def test_honest_submission_full_marks_no_flag(graded):
-    row = graded["grades"][("honest", AID)]
+def test_honest_submission_full_marks_no_flag(class_graded):
+    row = class_graded.grades[("honest", AID)]
     assert (row["points"], row["max_points"], row["status"], row["flags"]) == ("13", "13", "ok", ""), row
 
 
 @pytest.mark.parametrize("student", sorted(CHEATS))
-def test_cheat(graded, student):
+def test_cheat(class_graded, student):
     _cell, _source, test, words = CHEATS[student]
-    row = graded["grades"][(student, AID)]
+    row = class_graded.grades[(student, AID)]
     assert row["status"] == "ok", row
     assert row["flags"], row
     for word in words:
@@ -92,17 +35,18 @@ def test_cheat(graded, student):
         lost = {"test_broadcast": 1}[test]
         assert float(row["points"]) <= 13 - lost, row
         assert f"{test} (" in row["reason"], row["reason"]
-    page = demo.html_text((graded["out"] / "feedback" / student / f"{AID}.html").read_text())
+    page = demo.html_text(class_graded.feedback(student, AID).read_text())
     assert "Flagged for review" in page
     assert words[0] in page
 
 
-def test_summary_lists_flagged_students(graded):
-    out = graded["proc"].stdout
+def test_summary_lists_flagged_students(class_graded):
+    """The summary lists exactly the cheats: no other student of the class (solutions, untouched releases, planted
+    bugs, honest answers) is flagged."""
+    out = class_graded.proc.stdout
     assert f"Flagged for review ({len(CHEATS)})" in out, out
     for student in CHEATS:
         assert f"  {student}/{AID}: " in out
-    assert f"  honest/{AID}" not in out
 
 
 # ---------------------------------------------------------------------------------------------------------------
