@@ -47,3 +47,27 @@ def class_graded(tmp_path_factory):
     from class_of_submissions import Graded
 
     return Graded(tmp_path_factory.mktemp("class-grading"))
+
+
+class DemoMix:
+    """The demo course's mixed class ``MIX`` graded twice, serially and with two jobs: ``outputs`` {jobs: folder}
+    (``test_grading_parallel.py`` compares them, ``test_shards.py`` merges shards into the same as one run)."""
+
+    MIX = {"alice": "good", "bob": "release", "carol": "partial", "dave": "edited_tests", "frank": "invalid_json",
+           "grace": "renamed"}
+
+    def __init__(self, root):
+        import demo_submissions as demo
+
+        self.subs = demo.write(root / "subs", self.MIX)
+        self.outputs = {}
+        for jobs in (1, 2):
+            out = root / f"out{jobs}"
+            proc = demo.cli("grade", self.subs, "--jobs", jobs, "--out", out, "--course", demo.COURSE)
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            self.outputs[jobs] = out
+
+
+@pytest.fixture(scope="session")
+def demo_mix_graded(tmp_path_factory):
+    return DemoMix(tmp_path_factory.mktemp("demo-mix"))

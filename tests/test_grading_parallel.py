@@ -7,40 +7,46 @@ import sys
 import tempfile
 from pathlib import Path
 
+import nbformat
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 import demo_submissions as demo  # noqa: E402
 
-MIX = {"alice": "good", "bob": "release", "carol": "partial", "dave": "edited_tests", "frank": "invalid_json",
-       "grace": "renamed"}
 
-
-def test_jobs_2_gives_the_serial_csv(tmp_path):
-    subs = demo.write(tmp_path / "subs", MIX)
-    outputs = {}
-    for jobs in (1, 2):
-        out = tmp_path / f"out{jobs}"
-        proc = demo.cli("grade", subs, "--jobs", jobs, "--out", out, "--course", demo.COURSE)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        outputs[jobs] = out
+def test_jobs_2_gives_the_serial_csv(demo_mix_graded):
+    outputs = demo_mix_graded.outputs
     serial = (outputs[1] / "grades.csv").read_bytes()
     assert serial == (outputs[2] / "grades.csv").read_bytes()
     grades = demo.read_grades(outputs[1] / "grades.csv")
-    assert [grades[(s, demo.DEMO)]["points"] for s in MIX] == ["5", "0", "1", "3", "0", "0"]
-    for student in MIX:
+    assert [grades[(s, demo.DEMO)]["points"] for s in demo_mix_graded.MIX] == ["5", "0", "1", "3", "0", "0"]
+    for student in demo_mix_graded.MIX:
         one = (outputs[1] / "feedback" / student / f"{demo.DEMO}.html").read_text()
         two = (outputs[2] / "feedback" / student / f"{demo.DEMO}.html").read_text()
         assert one == two, student
+
+
+#: a correct submission that also prints, from a worker it starts, which process forked that worker
+FORKS = ("\n\nimport os as _os\nfrom multiprocessing import forkserver as _fs\n"
+         "_server = int(_os.environ['LABSUPPORT_FORK_SERVER'].split(':')[0])\n"
+         "print('forked by the shared server:', labsupport.run(_os.getppid, world_size=2) == [_server] * 2,"
+         " '| own server:', _fs._forkserver._forkserver_pid)\n")
 
 
 @pytest.mark.timeout(400)
 def test_workers_and_a_deadlocked_worker(tmp_path):
     """A hidden test that runs the student's function on 3 labsupport workers: the correct one gets full marks,
     the deadlocked one loses the points with WorkerTimeout (well before the cell time limit), and grading goes on.
-    (An untouched release running workers is covered by test_course_notebooks.py on the real notebooks.)"""
+    (An untouched release running workers is covered by test_course_notebooks.py on the real notebooks.)
+
+    The kernels that run the submissions do not start a fork server of their own: their workers are forked by the
+    one server of the grading process (``LABSUPPORT_FORK_SERVER``), whose pid the kernel sees (student ``forks``)."""
     pytest.importorskip("labsupport")
     subs = demo.write(tmp_path / "subs", {"good": "worker_good", "stuck": "worker_deadlock"})
+    nb = demo.good(demo.WORKERS)
+    nb.cells[demo.index(nb, "pass_to_next")].source += FORKS
+    (subs / "forks" / demo.WORKERS).mkdir(parents=True)
+    nbformat.write(nb, subs / "forks" / demo.WORKERS / f"{demo.WORKERS}.ipynb")
     out = tmp_path / "out"
     # a temporary folder of its own (short: sockets live there), to see that grading leaves nothing in it: not the
     # folders of the kernels nbgrader stops (their workers' boards), not the fork server's, not the judges'
@@ -55,7 +61,7 @@ def test_workers_and_a_deadlocked_worker(tmp_path):
     assert left == [], f"grading left {left} in its temporary folder"
     grades = demo.read_grades(out / "grades.csv")
     # without --assignment: every course assignment somebody handed in (98 only; nobody has 99_demo here)
-    assert sorted(grades) == [("good", demo.WORKERS), ("stuck", demo.WORKERS)]
+    assert sorted(grades) == [("forks", demo.WORKERS), ("good", demo.WORKERS), ("stuck", demo.WORKERS)]
     good, stuck = grades[("good", demo.WORKERS)], grades[("stuck", demo.WORKERS)]
     assert (good["points"], good["status"], good["reason"]) == ("3", "ok", ""), good
     assert (stuck["points"], stuck["status"]) == ("0", "ok"), stuck
@@ -66,27 +72,6 @@ def test_workers_and_a_deadlocked_worker(tmp_path):
     assert "rank 0" in text  # where each rank was stuck, from labsupport's message
     for line in demo.hidden_test_lines(demo.WORKERS):
         assert line not in text
-
-
-@pytest.mark.timeout(400)
-def test_kernels_fork_their_workers_from_the_grading_processs_server(tmp_path):
-    """The kernel that runs a submission does not start a fork server of its own: its workers are forked by the
-    one server of the grading process (``LABSUPPORT_FORK_SERVER``), whose pid the kernel sees."""
-    pytest.importorskip("labsupport")
-    nb = demo.good(demo.WORKERS)
-    cell = nb.cells[demo.index(nb, "pass_to_next")]
-    cell.source += ("\n\nimport os as _os\nfrom multiprocessing import forkserver as _fs\n"
-                    "_server = int(_os.environ['LABSUPPORT_FORK_SERVER'].split(':')[0])\n"
-                    "print('forked by the shared server:', labsupport.run(_os.getppid, world_size=2) == [_server] * 2,"
-                    " '| own server:', _fs._forkserver._forkserver_pid)\n")
-    folder = tmp_path / "subs" / "alice" / demo.WORKERS
-    folder.mkdir(parents=True)
-    import nbformat
-
-    nbformat.write(nb, folder / f"{demo.WORKERS}.ipynb")
-    out = tmp_path / "out"
-    proc = demo.cli("grade", tmp_path / "subs", "--out", out, "--course", demo.COURSE)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert demo.read_grades(out / "grades.csv")[("alice", demo.WORKERS)]["points"] == "3"
-    text = demo.html_text((out / "feedback" / "alice" / f"{demo.WORKERS}.html").read_text())
+    assert grades[("forks", demo.WORKERS)]["points"] == "3"
+    text = demo.html_text((out / "feedback" / "forks" / f"{demo.WORKERS}.html").read_text())
     assert "forked by the shared server: True | own server: None" in text, text[-2000:]

@@ -12,9 +12,6 @@ import demo_submissions as demo  # noqa: E402
 from autograder.course import Course  # noqa: E402
 from autograder.grading import discover, shard_of  # noqa: E402
 
-MIX = {"alice": "good", "bob": "release", "carol": "partial", "dave": "edited_tests", "erin": "invalid_json"}
-
-
 def test_shards_are_a_deterministic_partition(tmp_path):
     subs = demo.write(tmp_path / "subs", {f"s{k:02d}": "good" for k in range(7)})
     tasks = discover(subs, Course.at(demo.COURSE), demo.DEMO)
@@ -32,22 +29,20 @@ def test_bad_shard(tmp_path, bad):
     assert proc.returncode == 2 and "--shard" in proc.stderr, proc.stderr
 
 
-def test_shards_merged_equal_one_run(tmp_path):
-    subs = demo.write(tmp_path / "subs", MIX)
-    common = ["--assignment", demo.DEMO, "--course", demo.COURSE]
+def test_shards_merged_equal_one_run(tmp_path, demo_mix_graded):
+    """Two shards of the demo's mixed class, merged, are its run with two jobs (``demo_mix_graded``)."""
+    MIX = demo_mix_graded.MIX
     outs = []
     for k in (1, 2):
         out = tmp_path / f"shard{k}"
-        proc = demo.cli("grade", subs, "--shard", f"{k}/2", "--out", out, *common)
+        proc = demo.cli("grade", demo_mix_graded.subs, "--shard", f"{k}/2", "--out", out, "--course", demo.COURSE)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         outs.append(out)
-    whole = tmp_path / "whole"
-    proc = demo.cli("grade", subs, "--jobs", 2, "--out", whole, *common)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    whole = demo_mix_graded.outputs[2]
     merged = tmp_path / "merged"
     proc = demo.cli("merge", *outs, "--out", merged)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "Merged 2 outputs: 5 notebooks" in proc.stdout
+    assert f"Merged 2 outputs: {len(MIX)} notebooks" in proc.stdout, proc.stdout
     assert (merged / "grades.csv").read_bytes() == (whole / "grades.csv").read_bytes()
     for student in MIX:
         page = f"feedback/{student}/{demo.DEMO}.html"
