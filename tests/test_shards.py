@@ -12,6 +12,7 @@ import demo_submissions as demo  # noqa: E402
 from autograder.course import Course  # noqa: E402
 from autograder.grading import discover, shard_of  # noqa: E402
 
+
 def test_shards_are_a_deterministic_partition(tmp_path):
     subs = demo.write(tmp_path / "subs", {f"s{k:02d}": "good" for k in range(7)})
     tasks = discover(subs, Course.at(demo.COURSE), demo.DEMO)
