@@ -92,11 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("student-edition", help="write the tree students receive (no solutions, no hidden tests)",
                        description="Write DIR: a git-ready copy of the course for students: release notebooks, "
-                                   "labsupport, the autograder package without its hidden checks (so that "
-                                   "`check` runs the visible tests), ./course, pyproject.toml, environment.yml and "
-                                   "a README for students. No solutions/, no autograder/checks/, no tests.")
+                                   "the GPU demos, labsupport, the autograder package without its hidden checks (so "
+                                   "that `check` runs the visible tests), ./course, pyproject.toml, environment.yml "
+                                   "and a README for students. No solutions/, no autograder/checks/, no tests.")
     p.add_argument("dest", metavar="DIR", help="target directory (must not exist, or be empty)")
     p.add_argument("--force", action="store_true", help="replace DIR if it exists")
+    p.add_argument("--url", metavar="URL", help="where the edition will be hosted, e.g. https://github.com/you/course:"
+                   " written into its README's Colab line and its demos' install lines (default: a placeholder)")
     _add_course(p)
 
     p = sub.add_parser("check", help="run a notebook's tests and print its score and the grader's messages",
@@ -148,7 +150,7 @@ def main(argv=None) -> int:
         if args.command == "student-edition":
             from .edition import write_edition
 
-            path = write_edition(Course.at(args.course), args.dest, force=args.force)
+            path = write_edition(Course.at(args.course), args.dest, force=args.force, url=args.url)
             print(f"Wrote the student edition to {path}")
             return 0
         if args.command == "check":

@@ -4,7 +4,8 @@ The course repository holds the answers (``solutions/``, the reference implement
 ``autograder/checks/``, tests that plant and fix bugs). The student edition is a separate, git-ready folder with
 only what a student needs:
 
-* ``notebooks/`` (the release: answer cells replaced by stubs, hidden tests cut out), ``labsupport/``;
+* ``notebooks/`` (the release: answer cells replaced by stubs, hidden tests cut out), ``labsupport/``, and
+  ``demos/``, the notebooks for runtimes with GPUs;
 * ``autograder/`` without ``checks/``: ``python -m autograder check NOTEBOOK`` runs the visible tests there;
 * ``course``, ``pyproject.toml``, ``environment.yml``, a ``.gitignore`` and a README written for students;
 * ``nbgrader_config.py`` (the course's settings for the Validate button) and ``.jupyter/``, the Jupyter config
@@ -13,12 +14,16 @@ only what a student needs:
   Validate. The instructor's lab, started from the repository, keeps them all.
 
 Nothing else is copied, so whatever is added to the repository later stays out unless it is listed here.
+
+With ``url`` (``--url``, where the edition will be hosted), the README's Colab line and the demos' install lines
+name it, and a GitHub address also gives each demo its "Open in Colab" link; without it they keep a placeholder.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -27,6 +32,13 @@ from .course import Course, CourseError
 #: Files and folders of the course root copied as they are.
 TOP_FILES = ["course", "pyproject.toml", "environment.yml", "nbgrader_config.py", "LICENSE"]
 PACKAGES = ["labsupport", "autograder"]
+#: Notebooks copied as they are, but for the address they install the course from (``_fill_url``).
+DEMOS = "demos"
+#: What the repository's demos install from until the course has an address, and the line that says so.
+DEMO_URL_PLACEHOLDER = "https://github.com/OWNER/REPO"
+DEMO_URL_NOTE = "# Replace OWNER/REPO by the address of the course's repository.\n"
+#: What the edition's README says until it has an address.
+URL_PLACEHOLDER = "<URL of this repository>"
 #: Never copied (below a package): the hidden checks and their reference implementations.
 EXCLUDED = {"autograder/checks"}
 #: nbgrader's lab plugins and server extensions a student's lab leaves out (Validate stays).
@@ -69,7 +81,7 @@ On Colab or Kaggle, install the course package into the notebook's Python first 
 ```python
 %pip install -q "git+<URL of this repository>"
 ```
-
+{demos}
 ## Work
 
 The notebooks are in `notebooks/`, in order:
@@ -113,6 +125,52 @@ def _table(course: Course, ids: list[str]) -> str:
     return "\n".join(f"- [`{aid}`](notebooks/{aid}/{aid}.ipynb)" for aid in ids)
 
 
+def check_url(url: str) -> str:
+    """``url`` without a trailing slash, or CourseError when pip could not install from it."""
+    url = url.strip().rstrip("/")
+    if not re.fullmatch(r"(https?|ssh|file)://[^\s\"'\\]+", url):
+        raise CourseError(f"--url {url!r} is not an address pip can install from (git+URL): give the repository's "
+                          "https:// address, e.g. https://github.com/you/course")
+    return url
+
+
+def _github(url: str | None) -> str | None:
+    """``owner/repo`` when ``url`` is a GitHub repository's address."""
+    match = re.fullmatch(r"https://github\.com/([\w.-]+/[\w.-]+?)(?:\.git)?", url or "")
+    return match.group(1) if match else None
+
+
+def _demos_section(demos: list[str], url: str | None) -> str:
+    """The README's list of the demos, with "Open in Colab" links when the edition lives on GitHub."""
+    if not demos:
+        return ""
+    repo = _github(url)
+    lines = ["", "The notebooks in `demos/` are made for a runtime with GPUs (Kaggle offers two T4s). They run on a",
+             "CPU too, and say which numbers would differ on GPUs:", ""]
+    for name in demos:
+        line = f"- [`{name}`]({DEMOS}/{name}.ipynb)"
+        if repo:
+            line += (f": [Open in Colab](https://colab.research.google.com/github/{repo}/blob/main/{DEMOS}/"
+                     f"{name}.ipynb)")
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def _fill_url(path: Path, url: str | None) -> None:
+    """The demo ``path`` installs the course from ``url`` (or says to put the address in)."""
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code" and DEMO_URL_PLACEHOLDER in cell.source:
+            if url is not None:
+                cell.source = cell.source.replace(DEMO_URL_NOTE, "").replace(DEMO_URL_PLACEHOLDER, url)
+            else:
+                cell.source = cell.source.replace(DEMO_URL_PLACEHOLDER, URL_PLACEHOLDER).replace(
+                    DEMO_URL_NOTE, "# Replace <URL of this repository> by its address.\n")
+    nbformat.write(nb, path)
+
+
 def _write_jupyter_config(dest: Path) -> None:
     folder = dest / JUPYTER_DIR
     (folder / "labconfig").mkdir(parents=True, exist_ok=True)
@@ -122,8 +180,9 @@ def _write_jupyter_config(dest: Path) -> None:
     (folder / "jupyter_server_config.json").write_text(json.dumps(server, indent=2) + "\n", encoding="utf-8")
 
 
-def write_edition(course: Course, dest, force: bool = False) -> Path:
-    """Write the student edition of ``course`` into ``dest``; returns its path."""
+def write_edition(course: Course, dest, force: bool = False, url: str | None = None) -> Path:
+    """Write the student edition of ``course`` into ``dest``, to be hosted at ``url`` if given; returns its path."""
+    url = check_url(url) if url is not None else None
     dest = Path(dest).resolve()
     if dest == course.root or course.root in dest.parents and dest.parent == course.root and dest.name in (
             "notebooks", "solutions", "autograder", "labsupport"):
@@ -156,7 +215,15 @@ def write_edition(course: Course, dest, force: bool = False) -> Path:
             return skipped | {n for n in names if f"{rel}/{n}" in EXCLUDED}
 
         shutil.copytree(src, dest / package, ignore=ignore)
-    (dest / "README.md").write_text(README.replace("{table}", _table(course, ids)), encoding="utf-8")
+    demos = sorted(p.stem for p in (course.root / DEMOS).glob("*.ipynb"))
+    for name in demos:
+        (dest / DEMOS).mkdir(exist_ok=True)
+        shutil.copyfile(course.root / DEMOS / f"{name}.ipynb", dest / DEMOS / f"{name}.ipynb")
+        _fill_url(dest / DEMOS / f"{name}.ipynb", url)
+    readme = README.replace("{table}", _table(course, ids)).replace("{demos}", _demos_section(demos, url))
+    if url is not None:
+        readme = readme.replace(URL_PLACEHOLDER, url)
+    (dest / "README.md").write_text(readme, encoding="utf-8")
     (dest / ".gitignore").write_text(GITIGNORE, encoding="utf-8")
     _write_jupyter_config(dest)
     for path in dest.rglob("*"):

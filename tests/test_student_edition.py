@@ -99,12 +99,21 @@ def _edition_texts(root: Path) -> dict[str, list[str]]:
 
 def test_layout(edition):
     names = sorted(p.name for p in edition.iterdir())
-    assert names == sorted([".gitignore", ".jupyter", "README.md", "autograder", "course", "environment.yml",
-                            "labsupport", "nbgrader_config.py", "notebooks", "pyproject.toml"] + (["LICENSE"] if (REPO / "LICENSE").exists() else []))
+    assert names == sorted([".gitignore", ".jupyter", "README.md", "autograder", "course", "demos", "environment.yml",
+                            "labsupport", "nbgrader_config.py", "notebooks", "pyproject.toml"]
+                           + (["LICENSE"] if (REPO / "LICENSE").exists() else []))
     assert not (edition / "autograder" / "checks").exists()
     assert os.access(edition / "course", os.X_OK)
     readme = (edition / "README.md").read_text()
     assert "./course lab" in readme and "python -m autograder check" in readme and "%pip install" in readme
+    # no address given: the install lines say to put it in (the demos' too), and no demo links to Colab
+    assert '%pip install -q "git+<URL of this repository>"' in readme and "colab.research.google.com" not in readme
+    demos = sorted(p.name for p in (edition / "demos").iterdir())
+    assert demos == sorted(p.name for p in (REPO / "demos").glob("*.ipynb")) and demos
+    for name in demos:
+        text = (edition / "demos" / name).read_text()
+        assert "OWNER/REPO" not in text and 'git+<URL of this repository>' in text, name
+        assert f"(demos/{name})" in readme
     released = sorted(p.name for p in (edition / "notebooks").iterdir())
     assert released == sorted(p.name for p in (REPO / "notebooks").iterdir() if (p / f"{p.name}.ipynb").exists())
     for path in edition.rglob("*"):  # the grader's own code names the markers; nothing else may hold one
@@ -112,6 +121,29 @@ def test_layout(edition):
             text = path.read_text()
             for marker in ("BEGIN SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"):
                 assert marker not in text, (path, marker)
+
+
+def test_url_goes_into_the_install_lines_and_colab_links(tmp_path):
+    """``--url`` (where the edition will be hosted) fills the README's Colab line and the demos' install lines, and a
+    GitHub address gives each demo an Open-in-Colab link; an address pip cannot install from is refused."""
+    from autograder.course import Course
+    from autograder.edition import write_edition
+
+    url = "https://github.com/you/distributed-course"
+    dest = write_edition(Course.at(REPO), tmp_path / "hosted", url=url)
+    readme = (dest / "README.md").read_text()
+    assert f'%pip install -q "git+{url}"' in readme and "<URL of this repository>" not in readme
+    for path in sorted((dest / "demos").iterdir()):
+        nb = nbformat.read(path, as_version=4)
+        install = [c.source for c in nb.cells if "%pip install" in c.source]
+        assert len(install) == 1 and f'%pip install -q "git+{url}"' in install[0], (path.name, install)
+        assert "OWNER/REPO" not in path.read_text() and "Replace" not in install[0], path.name
+        assert f"https://colab.research.google.com/github/you/distributed-course/blob/main/demos/{path.name}" in readme
+
+    proc = demo.cli("student-edition", tmp_path / "bad", "--url", "you/course")
+    assert proc.returncode == 2 and "--url 'you/course' is not an address pip can install from" in proc.stderr, \
+        proc.stderr
+    assert not (tmp_path / "bad").exists()
 
 
 def _leaks(root: Path) -> list[str]:
