@@ -268,9 +268,21 @@ def test_check_runs_in_the_edition(edition):
 
 @pytest.mark.timeout(600)
 def test_pip_install_of_the_edition(edition, tmp_path):
+    """The Colab line, ``%pip install git+URL``, on a git repository made from the edition as it is written (its
+    ``.gitignore`` included): the packages install and work."""
+    import shutil
+
+    repo = tmp_path / "repo"
+    shutil.copytree(edition, repo)
+    git = ["git", "-c", "user.name=Instructor", "-c", "user.email=instructor@example.org",
+           "-c", "init.defaultBranch=main"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "Course"]):
+        proc = subprocess.run(git + args, cwd=repo, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
     target = tmp_path / "site"
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--quiet",
-                           "--target", str(target), str(edition)], capture_output=True, text=True, timeout=600)
+                           "--target", str(target), f"git+{repo.as_uri()}"], capture_output=True, text=True,
+                          timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     code = (NO_EDITABLE_FINDER + "import importlib.util, labsupport, autograder, autograder.check, labsupport.plots\n"
             f"assert labsupport.__file__.startswith({str(target)!r}), labsupport.__file__\n"
