@@ -578,3 +578,30 @@ def test_draws_that_would_confuse_diagnoses_are_replaced():
     clash = dict(trials[0], shape=(1,))
     clash["data_seed"] = next(s for s in range(10_000) if not T._telling(dict(clash, data_seed=s), 2))
     assert not T._telling(clash, 2)
+
+
+def test_reports_travel_between_ranks_with_their_tensors_intact():
+    """``share`` sends the tensors of a report as dtype, shape and bytes (pickling a tensor goes through torch.save):
+    every dtype, shape and layout comes back equal, the rest of the report as it was, and nothing of torch is
+    pickled."""
+    import pickle
+
+    from autograder.checks._common import _from_raw, _to_raw
+    from autograder.checks.collectives.probes import Opaque
+
+    tensors = [torch.tensor(2.5), torch.zeros(0, 3), torch.arange(6, dtype=torch.int32).reshape(2, 3).t(),
+               torch.arange(10.0)[1:8:3], torch.tensor([-0.0, float("nan"), float("inf")]),
+               torch.ones(2, 2, dtype=torch.bfloat16) / 3, torch.tensor([True, False]),
+               torch.arange(4, dtype=torch.int64).reshape(2, 2), torch.full((3,), 0.25, dtype=torch.float16)]
+    report = {"expected": tensors, "after": (tensors[2], None), "got": Opaque(object()), "comm": {"sends": 3}}
+    wire = pickle.dumps(_to_raw(report))
+    for how_a_tensor_is_pickled in (b"_rebuild_tensor", b"_load_from_bytes"):
+        assert how_a_tensor_is_pickled in pickle.dumps(tensors[0]) and how_a_tensor_is_pickled not in wire
+    back = _from_raw(pickle.loads(wire))
+    assert set(back) == set(report) and back["comm"] == {"sends": 3} and back["got"].text == report["got"].text
+    assert isinstance(back["after"], tuple) and back["after"][1] is None
+    for got, sent in zip(back["expected"] + [back["after"][0]], tensors + [tensors[2]]):
+        assert type(got) is torch.Tensor and got.dtype == sent.dtype and got.shape == sent.shape, (got, sent)
+        assert torch.equal(got.view(torch.uint8) if got.dtype == torch.bool else got.nan_to_num(7.0),
+                           sent.view(torch.uint8) if sent.dtype == torch.bool else sent.nan_to_num(7.0)), (got, sent)
+        assert torch.equal(torch.signbit(got.float()), torch.signbit(sent.float()))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import labsupport
 
-from .._common import only_point_to_point, short
+from .._common import only_point_to_point, share, short
 from .diagnose import (
     _diagnose_all_gather,
     _diagnose_all_reduce,
@@ -180,9 +180,7 @@ def _probe(name: str, fn, trials: list) -> bool:
 
     rank, n = dist.get_rank(), dist.get_world_size()
     for trial in trials:
-        report = _RUN[name][0](fn, trial, rank, n)
-        reports = [None] * n
-        dist.all_gather_object(reports, report)
+        reports = share(_RUN[name][0](fn, trial, rank, n))
         verdict = _verdict(name, trial, n, reports)
         if verdict is not None:
             blamed, message = verdict
