@@ -586,7 +586,7 @@ def test_reports_travel_between_ranks_with_their_tensors_intact():
     pickled."""
     import pickle
 
-    from autograder.checks._common import _from_raw, _to_raw
+    from autograder.checks._common import _each_tensor, _from_raw, _to_raw
     from autograder.checks.collectives.probes import Opaque
 
     tensors = [torch.tensor(2.5), torch.zeros(0, 3), torch.arange(6, dtype=torch.int32).reshape(2, 3).t(),
@@ -594,10 +594,10 @@ def test_reports_travel_between_ranks_with_their_tensors_intact():
                torch.ones(2, 2, dtype=torch.bfloat16) / 3, torch.tensor([True, False]),
                torch.arange(4, dtype=torch.int64).reshape(2, 2), torch.full((3,), 0.25, dtype=torch.float16)]
     report = {"expected": tensors, "after": (tensors[2], None), "got": Opaque(object()), "comm": {"sends": 3}}
-    wire = pickle.dumps(_to_raw(report))
+    wire = pickle.dumps(_each_tensor(report, _to_raw))
     for how_a_tensor_is_pickled in (b"_rebuild_tensor", b"_load_from_bytes"):
         assert how_a_tensor_is_pickled in pickle.dumps(tensors[0]) and how_a_tensor_is_pickled not in wire
-    back = _from_raw(pickle.loads(wire))
+    back = _each_tensor(pickle.loads(wire), _from_raw)
     assert set(back) == set(report) and back["comm"] == {"sends": 3} and back["got"].text == report["got"].text
     assert isinstance(back["after"], tuple) and back["after"][1] is None
     for got, sent in zip(back["expected"] + [back["after"][0]], tensors + [tensors[2]]):

@@ -62,34 +62,37 @@ class _Raw:
         self.dtype, self.shape, self.data = dtype, shape, data
 
 
-def _to_raw(obj):
+def _each_tensor(obj, change):
+    """``obj`` with ``change`` applied to each tensor (or ``_Raw``) in it, inside lists, tuples and dicts."""
     import torch
 
-    if isinstance(obj, torch.Tensor):
-        try:
-            t = obj.detach().cpu().contiguous()
-            return _Raw(t.dtype, tuple(t.shape), t.reshape(-1).view(torch.uint8).numpy().tobytes())
-        except (RuntimeError, TypeError):  # a tensor numpy cannot view (sparse, quantized): pickled as it is
-            return obj
+    if isinstance(obj, (torch.Tensor, _Raw)):
+        return change(obj)
     if type(obj) in (list, tuple):
-        return type(obj)(_to_raw(x) for x in obj)
+        return type(obj)(_each_tensor(x, change) for x in obj)
     if type(obj) is dict:
-        return {k: _to_raw(v) for k, v in obj.items()}
+        return {k: _each_tensor(v, change) for k, v in obj.items()}
     return obj
 
 
-def _from_raw(obj):
+def _to_raw(t):
     import torch
 
-    if isinstance(obj, _Raw):
-        if not obj.data:
-            return torch.empty(obj.shape, dtype=obj.dtype)
-        return torch.frombuffer(bytearray(obj.data), dtype=torch.uint8).view(obj.dtype).reshape(obj.shape)
-    if type(obj) in (list, tuple):
-        return type(obj)(_from_raw(x) for x in obj)
-    if type(obj) is dict:
-        return {k: _from_raw(v) for k, v in obj.items()}
-    return obj
+    try:
+        t = t.detach().cpu().contiguous()
+        return _Raw(t.dtype, tuple(t.shape), t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    except (RuntimeError, TypeError):  # a tensor numpy cannot view (sparse, quantized): pickled as it is
+        return t
+
+
+def _from_raw(raw):
+    import torch
+
+    if not isinstance(raw, _Raw):
+        return raw
+    if not raw.data:
+        return torch.empty(raw.shape, dtype=raw.dtype)
+    return torch.frombuffer(bytearray(raw.data), dtype=torch.uint8).view(raw.dtype).reshape(raw.shape)
 
 
 def share(report) -> list:
@@ -102,8 +105,8 @@ def share(report) -> list:
     import torch.distributed as dist
 
     reports = [None] * dist.get_world_size()
-    dist.all_gather_object(reports, _to_raw(report))
-    return [_from_raw(r) for r in reports]
+    dist.all_gather_object(reports, _each_tensor(report, _to_raw))
+    return [_each_tensor(r, _from_raw) for r in reports]
 
 
 def call_student(what: str, fn, *args, **kwargs):
