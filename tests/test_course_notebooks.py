@@ -17,13 +17,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 import demo_submissions as demo  # noqa: E402
-from class_of_submissions import CHECKED, CHECKED_WRONG, MUTANTS  # noqa: E402
-
-from autograder.course import Course  # noqa: E402
+from class_of_submissions import ASSIGNMENTS, CHECKED, CHECKED_WRONG, COURSE, MUTANTS  # noqa: E402
 
 REPO = demo.REPO
-COURSE = Course.at(REPO)
-ASSIGNMENTS = COURSE.assignments()
 PARAMS = ASSIGNMENTS or [pytest.param(None, marks=pytest.mark.skip(reason="no assignments in solutions/ yet"))]
 
 
