@@ -99,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="replace DIR if it exists")
     p.add_argument("--url", metavar="URL", help="where the edition will be hosted, e.g. https://github.com/you/course:"
                    " written into its README's Colab line and its demos' install lines (default: a placeholder)")
+    p.add_argument("--branch", metavar="NAME", help="the branch of URL students install from and open the demos "
+                   "of (default: the repository's default branch; the Colab links then name main)")
     _add_course(p)
 
     p = sub.add_parser("check", help="run a notebook's tests and print its score and the grader's messages",
@@ -150,7 +152,8 @@ def main(argv=None) -> int:
         if args.command == "student-edition":
             from .edition import write_edition
 
-            path = write_edition(Course.at(args.course), args.dest, force=args.force, url=args.url)
+            path = write_edition(Course.at(args.course), args.dest, force=args.force, url=args.url,
+                                 branch=args.branch)
             print(f"Wrote the student edition to {path}")
             return 0
         if args.command == "check":

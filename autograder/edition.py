@@ -17,6 +17,8 @@ Nothing else is copied, so whatever is added to the repository later stays out u
 
 With ``url`` (``--url``, where the edition will be hosted), the README's Colab line and the demos' install lines
 name it, and a GitHub address also gives each demo its "Open in Colab" link; without it they keep a placeholder.
+With ``branch`` (``--branch``) they name that branch (``git+URL@BRANCH``, and the links open its demos); without
+it pip installs the repository's default branch and the links name ``main``.
 """
 
 from __future__ import annotations
@@ -140,7 +142,20 @@ def _github(url: str | None) -> str | None:
     return match.group(1) if match else None
 
 
-def _demos_section(demos: list[str], url: str | None) -> str:
+def check_branch(branch: str) -> str:
+    """``branch``, or CourseError when it cannot be a git branch named in a pip address or a Colab link."""
+    if not re.fullmatch(r"[\w.-]+(/[\w.-]+)*", branch) or ".." in branch or branch.endswith((".", ".lock")):
+        raise CourseError(f"--branch {branch!r} is not a branch name that can go into an address: use letters, "
+                          "digits, '.', '-', '_' and '/', e.g. --branch spring-2027")
+    return branch
+
+
+def _install_address(url: str, branch: str | None) -> str:
+    """What ``pip install git+...`` is given: the repository, at ``branch`` when one is named."""
+    return f"{url}@{branch}" if branch else url
+
+
+def _demos_section(demos: list[str], url: str | None, branch: str | None = None) -> str:
     """The README's list of the demos, with "Open in Colab" links when the edition lives on GitHub."""
     if not demos:
         return ""
@@ -150,8 +165,8 @@ def _demos_section(demos: list[str], url: str | None) -> str:
     for name in demos:
         line = f"- [`{name}`]({DEMOS}/{name}.ipynb)"
         if repo:
-            line += (f": [Open in Colab](https://colab.research.google.com/github/{repo}/blob/main/{DEMOS}/"
-                     f"{name}.ipynb)")
+            line += (f": [Open in Colab](https://colab.research.google.com/github/{repo}/blob/{branch or 'main'}/"
+                     f"{DEMOS}/{name}.ipynb)")
         lines.append(line)
     return "\n".join(lines) + "\n"
 
@@ -180,9 +195,14 @@ def _write_jupyter_config(dest: Path) -> None:
     (folder / "jupyter_server_config.json").write_text(json.dumps(server, indent=2) + "\n", encoding="utf-8")
 
 
-def write_edition(course: Course, dest, force: bool = False, url: str | None = None) -> Path:
-    """Write the student edition of ``course`` into ``dest``, to be hosted at ``url`` if given; returns its path."""
+def write_edition(course: Course, dest, force: bool = False, url: str | None = None,
+                  branch: str | None = None) -> Path:
+    """Write the student edition of ``course`` into ``dest``, to be hosted at ``url`` (on ``branch``) if given;
+    returns its path."""
     url = check_url(url) if url is not None else None
+    branch = check_branch(branch) if branch is not None else None
+    if branch is not None and url is None:
+        raise CourseError("--branch names a branch of the repository given by --url: give --url too")
     dest = Path(dest).resolve()
     if dest == course.root or course.root in dest.parents and dest.parent == course.root and dest.name in (
             "notebooks", "solutions", "autograder", "labsupport"):
@@ -219,10 +239,10 @@ def write_edition(course: Course, dest, force: bool = False, url: str | None = N
     for name in demos:
         (dest / DEMOS).mkdir(exist_ok=True)
         shutil.copyfile(course.root / DEMOS / f"{name}.ipynb", dest / DEMOS / f"{name}.ipynb")
-        _fill_url(dest / DEMOS / f"{name}.ipynb", url)
-    readme = README.replace("{table}", _table(course, ids)).replace("{demos}", _demos_section(demos, url))
+        _fill_url(dest / DEMOS / f"{name}.ipynb", url and _install_address(url, branch))
+    readme = README.replace("{table}", _table(course, ids)).replace("{demos}", _demos_section(demos, url, branch))
     if url is not None:
-        readme = readme.replace(URL_PLACEHOLDER, url)
+        readme = readme.replace(URL_PLACEHOLDER, _install_address(url, branch))
     (dest / "README.md").write_text(readme, encoding="utf-8")
     (dest / ".gitignore").write_text(GITIGNORE, encoding="utf-8")
     _write_jupyter_config(dest)

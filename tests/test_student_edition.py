@@ -125,7 +125,8 @@ def test_layout(edition):
 
 def test_url_goes_into_the_install_lines_and_colab_links(tmp_path):
     """``--url`` (where the edition will be hosted) fills the README's Colab line and the demos' install lines, and a
-    GitHub address gives each demo an Open-in-Colab link; an address pip cannot install from is refused."""
+    GitHub address gives each demo an Open-in-Colab link; ``--branch`` goes into both; an address pip cannot install
+    from, a branch name that cannot go into one, and a branch without an address are refused."""
     from autograder.course import Course
     from autograder.edition import write_edition
 
@@ -140,6 +141,18 @@ def test_url_goes_into_the_install_lines_and_colab_links(tmp_path):
         assert "OWNER/REPO" not in path.read_text() and "Replace" not in install[0], path.name
         assert f"https://colab.research.google.com/github/you/distributed-course/blob/main/demos/{path.name}" in readme
 
+    dest = write_edition(Course.at(REPO), tmp_path / "branch", url=url + "/", branch="spring-2027")
+    readme = (dest / "README.md").read_text()
+    assert f'%pip install -q "git+{url}@spring-2027"' in readme, readme
+    for path in sorted((dest / "demos").iterdir()):
+        assert f'git+{url}@spring-2027\\"' in path.read_text(), path.name
+        assert f"github/you/distributed-course/blob/spring-2027/demos/{path.name}" in readme
+    assert "blob/main" not in readme
+
+    proc = demo.cli("student-edition", tmp_path / "bad", "--url", url, "--branch", "a b")
+    assert proc.returncode == 2 and "--branch 'a b' is not a branch name" in proc.stderr, proc.stderr
+    proc = demo.cli("student-edition", tmp_path / "bad", "--branch", "spring-2027")
+    assert proc.returncode == 2 and "give --url too" in proc.stderr, proc.stderr
     proc = demo.cli("student-edition", tmp_path / "bad", "--url", "you/course")
     assert proc.returncode == 2 and "--url 'you/course' is not an address pip can install from" in proc.stderr, \
         proc.stderr
