@@ -154,3 +154,102 @@ def test_pipeline_run_records_real_spans_and_matches_one_process():
     for fig in figs:
         assert fig.axes
         plt.close(fig)
+
+
+# Communication volume: what a stage boundary carries, counted on real workers against 2 m b s h.
+
+@pytest.mark.parametrize("m, shape, p, dtype", [(4, (2, 16, 32), 2, torch.float32),
+                                                (3, (1, 8, 24), 4, torch.float32),
+                                                (5, (2, 3, 8), 3, torch.float64)])
+def test_gpipe_traffic_equals_the_formula(m, shape, p, dtype):
+    summaries = labsupport.run(lesson.gpipe_traffic, m, shape, dtype, world_size=p, timeout=60)
+    size = torch.empty((), dtype=dtype).element_size()
+    report = lesson.traffic_report(summaries, m, shape, element_size=size)
+    assert report["mismatches"] == []
+    b, s, h = shape
+    assert [row["measured"] for row in report["boundaries"]] == [2 * m * b * s * h * size] * (p - 1)
+    for rank, summary in enumerate(summaries):  # m messages to each neighbour, nothing else
+        assert summary.kinds == {"send", "recv"} and summary.peers == {rank - 1, rank + 1} & set(range(p))
+        assert summary.messages_sent == m * len(summary.peers)
+        assert summary.bytes_sent == summary.bytes_received <= 2 * m * b * s * h * size
+
+
+def test_pipeline_run_counts_what_run_pipeline_sends():
+    p, m, rows, width = 3, 4, 4, 16
+    results = labsupport.run(lesson.pipeline_run, gpipe_run, ref.reference_gpipe(p, m), ref.reference_partition(5, p),
+                             num_layers=5, width=width, rows=rows, count_comm=True, world_size=p, timeout=60)
+    report = lesson.traffic_report([r["comm"] for r in results], m, (rows, width))
+    assert report["mismatches"] == []
+    assert [row["measured"] for row in report["boundaries"]] == [2 * m * rows * width * 4] * (p - 1)
+    assert labsupport.run(lesson.pipeline_run, gpipe_run, ref.reference_gpipe(2, 1), ref.reference_partition(2, 2),
+                          num_layers=2, width=8, rows=2, world_size=2, timeout=60)[0]["comm"] is None
+
+
+def test_volume_table_pp_stays_flat_with_depth_while_dp_grows():
+    small, deeper, wider = lesson.volume_table([("small", 12, 768), ("deeper", 120, 768), ("wider", 12, 7680)],
+                                               m=8, b=4, s=1024, n=8, t=8, element_size=2)
+    assert small["params"] == lesson.gpt_params(12, 768) == 124_439_808  # GPT-2 small
+    assert deeper["pp"] == small["pp"] == 2 * 8 * 4 * 1024 * 768 * 2
+    assert deeper["dp"] > 7 * small["dp"]
+    assert math.isclose(deeper["dp"] / small["dp"], deeper["params"] / small["params"])
+    assert math.isclose(small["dp"], 2 * small["params"] * 7 / 8 * 2)
+    assert math.isclose(deeper["tp"], 10 * small["tp"])
+    assert wider["pp"] == 10 * small["pp"] and wider["dp"] > 70 * small["dp"]  # PP grows like h, DP like h^2
+    from labsupport.lessons import tensor_parallel
+
+    assert lesson.tp_bytes_per_rank(3, 8, 48, 4, layers=1, m=1) == tensor_parallel.narayanan_layer_bytes(3, 8, 48, 4)
+    assert lesson.pp_stage_bytes(0, 1, 4, (2, 3)) == (0, 0)  # one stage: nothing to send
+    with pytest.raises(ValueError, match="positive sizes"):
+        lesson.activation_numel((4, 0))
+
+
+def test_traffic_report_catches_a_wrong_formula():
+    m, shape = 3, (2, 4, 8)
+    summaries = labsupport.run(lesson.gpipe_traffic, m, shape, world_size=3, timeout=60)
+    forgets_the_gradients = lambda m, shape, element_size: m * lesson.activation_numel(shape) * element_size  # noqa
+    report = lesson.traffic_report(summaries, m, shape, boundary_formula=forgets_the_gradients)
+    assert len(report["mismatches"]) == 2
+    assert report["mismatches"][0] == ("boundary 0|1 carried 768 B forward + 768 B back = 1536 B; "
+                                       "the formula says 768 B")
+    assert lesson.traffic_report(summaries, m + 1, shape)["mismatches"]  # the right formula, the wrong m
+
+
+def gpipe_with_a_flaw(m, shape, flaw):
+    """GPipe's messages with one planted waste: an extra activation, a message past a neighbour, a collective."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    with labsupport.CommCounter() as cc:
+        sends = []
+        for mb in range(m):
+            if rank > 0:
+                dist.recv(torch.empty(shape), src=rank - 1)
+            if rank < p - 1:
+                sends.append(dist.isend(torch.ones(shape), dst=rank + 1))
+        for mb in range(m):
+            if rank < p - 1:
+                dist.recv(torch.empty(shape), src=rank + 1)
+            if rank > 0:
+                sends.append(dist.isend(torch.ones(shape), dst=rank - 1))
+        if flaw == "extra tensor" and rank < 2:  # stage 0 sends its last activation twice
+            (dist.send if rank == 0 else dist.recv)(torch.ones(shape), 1 - rank)
+        if flaw == "past a neighbour" and rank in (0, p - 1):  # the input sent straight to the last stage
+            (dist.send if rank == 0 else dist.recv)(torch.ones(shape), p - 1 - rank)
+        if flaw == "collective":
+            dist.all_reduce(torch.ones(1))
+        for w in sends:
+            w.wait()
+    return cc.summary
+
+
+@pytest.mark.parametrize("flaw, expected", [
+    ("extra tensor", ["boundary 0|1 carried 1024 B forward + 768 B back = 1792 B; the formula says 1536 B",
+                      "stage 0 sent 1024 B, expected 768 B", "stage 1 received 1792 B, expected 1536 B"]),
+    ("past a neighbour", ["stage 0 made a send with rank 2, not a neighbouring stage",
+                          "stage 2 made a recv with rank 0, not a neighbouring stage",
+                          "stage 0 sent 1024 B, expected 768 B", "stage 2 received 1024 B, expected 768 B"]),
+    ("collective", [f"stage {r} called all_reduce: a pipeline only sends to and receives from its neighbours"
+                    for r in range(3)]),
+])
+def test_traffic_report_catches_a_pipeline_that_sends_more(flaw, expected):
+    m, shape = 3, (2, 4, 8)  # one activation: 64 elements, 256 B
+    summaries = labsupport.run(gpipe_with_a_flaw, m, shape, flaw, world_size=3, timeout=60)
+    assert lesson.traffic_report(summaries, m, shape)["mismatches"] == expected

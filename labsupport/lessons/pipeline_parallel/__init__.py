@@ -14,6 +14,9 @@
 * ``LiveBytes``: a context that tracks every tensor created inside it and reports the bytes still alive (peak too).
 * ``checkpoint_sweep(...)``: activation checkpointing with ``torch.utils.checkpoint``, every ``k`` layers.
 * ``interleaved``: the interleaved 1F1B schedule (``v`` model chunks per rank) and its simulation.
+* ``traffic``: the bytes a stage boundary carries per step, ``2 m b s h`` (``pp_boundary_bytes``, ``pp_stage_bytes``),
+  counted on real workers (``gpipe_traffic``, ``traffic_report``) and set against data and tensor parallelism
+  (``dp_bytes_per_rank``, ``tp_bytes_per_rank``, ``gpt_params``, ``volume_table``).
 * plots (``labsupport.lessons.pipeline_parallel.plots``): ``plot_partition``, ``plot_schedules``, ``plot_bubble``,
   ``plot_memory``, ``plot_checkpointing``, ``plot_interleaved``.
 
@@ -29,6 +32,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -37,6 +41,8 @@ import torch.nn as nn
 from .memory import LiveBytes, checkpoint_sweep, CheckpointedStage
 from .spans import measured_bubble, spans_of
 from .plots import plot_bubble, plot_checkpointing, plot_interleaved, plot_memory, plot_partition, plot_schedules
+from .traffic import (activation_numel, dp_bytes_per_rank, gpipe_traffic, gpt_params, pp_boundary_bytes,
+                      pp_stage_bytes, tp_bytes_per_rank, traffic_report, volume_table)
 from . import interleaved
 
 __all__ = [
@@ -53,6 +59,15 @@ __all__ = [
     "CheckpointedStage",
     "checkpoint_sweep",
     "interleaved",
+    "activation_numel",
+    "pp_boundary_bytes",
+    "pp_stage_bytes",
+    "dp_bytes_per_rank",
+    "tp_bytes_per_rank",
+    "gpt_params",
+    "volume_table",
+    "gpipe_traffic",
+    "traffic_report",
     "plot_partition",
     "plot_schedules",
     "plot_bubble",
@@ -166,7 +181,7 @@ def _pad(start: float, duration: float, tl) -> None:
 
 def pipeline_run(run_pipeline, schedule, layers, num_layers: int = 8, width: int = 64, rows: int = 32,
                  t_fwd: float = 0.0, t_bwd: float = 0.0, seed: int = 0, measure_memory: bool = False,
-                 stage_wrapper=None):
+                 stage_wrapper=None, count_comm: bool = False):
     """Inside a worker (rank = stage): one pipelined step of the demo model with ``run_pipeline``.
 
     ``layers``: one ``range`` of layer indices per stage (your ``partition_layers``). ``stage_wrapper``: optional
@@ -174,11 +189,12 @@ def pipeline_run(run_pipeline, schedule, layers, num_layers: int = 8, width: int
     schedule has forwards on a stage, ``rows`` rows each, the same on every rank. Returns a dict: ``events`` (the
     Timeline spans, on the clock every process on this machine shares), ``loss`` (what ``run_pipeline`` returned),
     ``compute`` (real seconds of each span), ``peak_bytes`` / ``after_bytes`` (with ``measure_memory``: the most
-    bytes of tensors created during the step alive at once, and those still alive at its end), ``grads``.
+    bytes of tensors created during the step alive at once, and those still alive at its end), ``grads``, ``comm``
+    (with ``count_comm``: the ``CommSummary`` of every message ``run_pipeline`` made, for ``traffic_report``).
     """
     import torch.distributed as dist
 
-    from labsupport import Timeline
+    from labsupport import CommCounter, Timeline
 
     rank = dist.get_rank()
     model = make_model(num_layers, width, seed)
@@ -191,12 +207,12 @@ def pipeline_run(run_pipeline, schedule, layers, num_layers: int = 8, width: int
     timed = TimedStage(inner, tl, [mb for op, mb in schedule[rank] if op == "F"], t_fwd, t_bwd)
     dist.barrier()
     meter = LiveBytes() if measure_memory else None
-    if meter is not None:
-        with meter:
-            loss = run_pipeline(timed, schedule, xs, ys, mse)
-    else:
+    counter = CommCounter() if count_comm else None
+    with (meter if meter is not None else contextlib.nullcontext(),
+          counter if counter is not None else contextlib.nullcontext()):
         loss = run_pipeline(timed, schedule, xs, ys, mse)
     dist.barrier()
     return {"events": tl.events, "loss": loss, "compute": timed.compute,
             "peak_bytes": meter.peak if meter else None, "after_bytes": meter.live if meter else None,
-            "grads": [p.grad.clone() for p in stage.parameters()]}
+            "grads": [p.grad.clone() for p in stage.parameters()],
+            "comm": counter.summary if counter is not None else None}
