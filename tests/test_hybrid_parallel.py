@@ -3,6 +3,10 @@ configurations are consistent with the papers' parameter counts, and every figur
 
 The training test runs the notebook's recipe in small: the single-process TinyGPT against DP × TP on 4 real ranks
 (parallelize_module over a tensor-parallel sub-mesh, gradients averaged over the data-parallel group).
+
+The ring-attention tests run the demo of section 5 on 2 and 4 real ranks against softmax(QKᵀ/√d)V written out in
+one process, with and without the causal mask; the same comparison rejects two planted wrong ways of combining the
+blocks, and the bytes each rank sent must be the formula's.
 """
 
 import math
@@ -69,7 +73,8 @@ def test_plots_draw():
     for fig in (lesson.plot_parallel_groups(groups, 8),
                 lesson.plot_loss_curves({"a": [3, 2, 1], "b": [3, 2, 1]}),
                 lesson.plot_all_to_all([[0, 64], [128, 0]]),
-                lesson.plot_memory_plan([("x", {"model_state": 40e9, "activations": 50e9})], 80e9)):
+                lesson.plot_memory_plan([("x", {"model_state": 40e9, "activations": 50e9})], 80e9),
+                lesson.plot_ring_attention([[(0, True), (1, False)], [(1, True), (0, True)]])):
         assert fig.axes
         matplotlib.pyplot.close(fig)
 
@@ -128,3 +133,98 @@ def test_dp_tp_training_follows_the_single_process():
     single = _train_single(X, Y, 0.5)
     for losses in labsupport.run(_train_dp_tp, X, Y, 0.5, world_size=4, timeout=180):
         assert max(abs(a - b) for a, b in zip(losses, single)) < 1e-5, (losses, single)
+
+
+# --- context parallelism: ring attention (section 5) ---------------------------------------------------------------
+
+def _softmax_attention(q, k, v, causal):
+    """softmax(QKᵀ/√d)V over the whole sequence, written out: (B, S, H, D) each -> (B, S, H, D)."""
+    q, k, v = (t.transpose(1, 2).double() for t in (q, k, v))
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if causal:
+        S = scores.shape[-1]
+        scores = scores.masked_fill(torch.ones(S, S, dtype=torch.bool).triu(1), -math.inf)
+    return (scores.softmax(-1) @ v).transpose(1, 2).float()
+
+
+def _update_without_rescaling(state, scores, v):
+    """Planted bug: tracks the running maximum but never shrinks the old sum and output when it grows."""
+    m, l, acc = state
+    m_new = torch.maximum(m, scores.amax(-1, keepdim=True))
+    p = torch.exp(scores - m_new)
+    return m_new, l + p.sum(-1, keepdim=True), acc + p @ v
+
+
+def _update_mean_of_blocks(state, scores, v):
+    """Planted bug: each block's own softmax, averaged over the blocks."""
+    m, l, acc = state
+    return m, l + 1, acc + scores.softmax(-1) @ v
+
+
+def _ring(world, causal, update=lesson.online_softmax_update, heads=3):
+    """The demo on ``world`` ranks (3 heads: a number Ulysses could not split over 2 or 4 ranks); returns the
+    largest difference from the written-out attention, the per-rank reports, and the shapes."""
+    torch.manual_seed(10 * world + causal)
+    shape = (2, 4 * world, heads, 8)                              # (B, S, H, D): 4 positions per rank
+    q, k, v = (torch.randn(shape) for _ in range(3))
+    ranks = labsupport.run(lesson.ring_attention_on_ranks, q, k, v, causal, update, world_size=world, timeout=60)
+    out = torch.cat([r["out"] for r in ranks], dim=1)
+    return (out - _softmax_attention(q, k, v, causal)).abs().max().item(), ranks, shape
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_ring_attention_matches_full_attention(world, causal):
+    error, ranks, (B, S, H, D) = _ring(world, causal)
+    assert error < 1e-5, f"ring attention on {world} ranks (causal={causal}) differs from full attention by {error}"
+    sent = lesson.attention_comm_bytes(B, S, H, D, world)["ring"]["sent"]
+    assert sent == 2 * (world - 1) * B * (S // world) * H * D * 4
+    for rank, r in enumerate(ranks):
+        assert r["kinds"] == ["recv", "send"], f"rank {rank} used {r['kinds']}: only point-to-point calls"
+        assert r["bytes_sent"] == r["bytes_received"] == sent, (rank, r["bytes_sent"], r["bytes_received"], sent)
+        held = [(rank - step) % world for step in range(world)]   # from the previous rank, one step at a time
+        assert r["blocks"] == [(b, not causal or b <= rank) for b in held], (rank, r["blocks"])
+
+
+@pytest.mark.parametrize("update", [_update_without_rescaling, _update_mean_of_blocks],
+                         ids=["no-rescaling", "mean-of-blocks"])
+def test_wrong_block_combination_is_rejected(update):
+    """The comparison above can fail: a combination that is not the online softmax misses by far more than
+    rounding, causal or not."""
+    for causal in (False, True):
+        error, _, _ = _ring(4, causal, update)
+        assert error > 1e-2, f"{update.__name__} (causal={causal}) passed with error {error}"
+
+
+def test_online_softmax_folds_blocks_into_the_softmax():
+    """Folding two blocks of scores one after the other gives softmax over both, whatever their order."""
+    torch.manual_seed(0)
+    scores, v = 3 * torch.randn(1, 2, 5, 6), torch.randn(1, 2, 6, 4)
+    expected = scores.softmax(-1) @ v
+    for order in ((slice(0, 2), slice(2, 6)), (slice(2, 6), slice(0, 2))):
+        m = torch.full((1, 2, 5, 1), -math.inf)
+        state = (m, torch.zeros_like(m), torch.zeros(1, 2, 5, 4))
+        for part in order:
+            state = lesson.online_softmax_update(state, scores[..., part], v[..., part, :])
+        torch.testing.assert_close(state[2] / state[1], expected)
+
+
+def test_attention_comm_bytes():
+    """B=2, S=16, H=4, D=8, float32 on 4 ranks: a shard is 1024 B; the ring and the all-gather send 6 shards,
+    Ulysses 3; doubling S and P leaves Ulysses near 4 shards while the ring doubles."""
+    four = lesson.attention_comm_bytes(2, 16, 4, 8, world=4)
+    assert four["shard"] == 1024
+    assert four["ring"] == {"sent": 6144, "kv_held": 4096}
+    assert four["ulysses"] == {"sent": 3072, "kv_held": 2048}
+    assert four["all_gather_kv"] == {"sent": 6144, "kv_held": 8192}
+    eight = lesson.attention_comm_bytes(2, 32, 8, 8, world=8, itemsize=2)   # same shard in 16 bits, 8 heads
+    assert eight["shard"] == 1024 and eight["ring"]["sent"] == 14 * 1024 and eight["ulysses"]["sent"] == 3584
+    assert lesson.attention_comm_bytes(2, 12, 3, 8, world=4)["ulysses"] is None      # 4 does not divide 3 heads
+    with pytest.raises(ValueError, match="multiple"):
+        lesson.attention_comm_bytes(2, 10, 4, 8, world=4)
+
+
+def test_ring_attention_refuses_a_sequence_that_does_not_split():
+    q = torch.randn(1, 6, 2, 4)
+    with pytest.raises(labsupport.WorkerError, match="multiple of the 4 ranks"):
+        labsupport.run(lesson.ring_attention_on_ranks, q, q, q, world_size=4, timeout=60)

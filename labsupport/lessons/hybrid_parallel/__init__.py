@@ -4,8 +4,12 @@
   learnable token stream for it (``model.py``).
 * ``Model``, ``Cluster``, ``GPT3_175B``, ``NARAYANAN_TABLE1``, ``DGX_A100``: what a planner is given, and the
   configurations the papers trained (``configs.py``).
-* ``plot_parallel_groups``, ``plot_loss_curves``, ``plot_all_to_all``, ``plot_memory_plan``: the figures
-  (``plots.py``). ``plot_parallel_groups`` draws the groups it is given; it does not compute them.
+* ``full_attention``, ``online_softmax_update``, ``ring_attention``, ``ring_attention_on_ranks``,
+  ``attention_comm_bytes``: context parallelism, ring attention on real ranks and what it sends compared with
+  Ulysses and an all-gather of k/v (``context_parallel.py``).
+* ``plot_parallel_groups``, ``plot_loss_curves``, ``plot_all_to_all``, ``plot_memory_plan``,
+  ``plot_ring_attention``: the figures (``plots.py``). ``plot_parallel_groups`` draws the groups it is given; it
+  does not compute them.
 
 Example::
 
@@ -15,7 +19,9 @@ Example::
 
 from .configs import DGX_A100, GPT3_175B, NARAYANAN_TABLE1, Cluster, Model
 from .model import TinyGPT, make_data
-from .plots import plot_all_to_all, plot_loss_curves, plot_memory_plan, plot_parallel_groups
+from .plots import plot_all_to_all, plot_loss_curves, plot_memory_plan, plot_parallel_groups, plot_ring_attention
+from .context_parallel import (attention_comm_bytes, full_attention, online_softmax_update, ring_attention,
+                             ring_attention_on_ranks)
 
 __all__ = [
     "TinyGPT",
@@ -29,4 +35,10 @@ __all__ = [
     "plot_loss_curves",
     "plot_all_to_all",
     "plot_memory_plan",
+    "plot_ring_attention",
+    "full_attention",
+    "online_softmax_update",
+    "ring_attention",
+    "ring_attention_on_ranks",
+    "attention_comm_bytes",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["plot_parallel_groups", "plot_loss_curves", "plot_all_to_all", "plot_memory_plan"]
+__all__ = ["plot_parallel_groups", "plot_loss_curves", "plot_all_to_all", "plot_memory_plan", "plot_ring_attention"]
 
 _TP, _DP, _PP = "#4C72B0", "#DD8452", "#55A868"
 
@@ -137,5 +137,35 @@ def plot_memory_plan(rows, memory_bytes: float, title: str = "memory per GPU", x
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.9 / (1.0 + 0.22 * len(rows))), ncol=2,
               frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def plot_ring_attention(blocks, title: str | None = None):
+    """``blocks[r]``: for rank r, one ``(block, used)`` per ring step, as ``ring_attention_on_ranks`` reports it.
+    One row per rank, one column per step; each cell names the k/v block the rank held, coloured by that block,
+    hatched and pale where it was all masked (causal attention: a later block) and skipped."""
+    plt = _plt()
+    ranks, steps = len(blocks), max(len(b) for b in blocks)
+    colours = plt.get_cmap("tab10")
+    fig, ax = plt.subplots(figsize=(1.4 + 1.1 * steps, 0.9 + 0.55 * ranks))
+    for r, row in enumerate(blocks):
+        for s, (block, used) in enumerate(row):
+            ax.add_patch(plt.Rectangle((s, r), 0.94, 0.86, color=colours(block % 10), alpha=0.85 if used else 0.2,
+                                       hatch=None if used else "//", ec="grey" if not used else None))
+            ax.text(s + 0.47, r + 0.43, f"k,v {block}" if used else f"k,v {block}\nmasked", ha="center",
+                    va="center", fontsize=8, color="white" if used else "black")
+    ax.set_xlim(-0.1, steps)
+    ax.set_ylim(ranks, -0.1)
+    ax.set_xticks([s + 0.47 for s in range(steps)])
+    ax.set_xticklabels([f"step {s}" for s in range(steps)], fontsize=8)
+    ax.set_yticks([r + 0.43 for r in range(ranks)])
+    ax.set_yticklabels([f"rank {r} (queries {r})" for r in range(ranks)], fontsize=8)
+    ax.tick_params(length=0)
+    for side in ax.spines.values():
+        side.set_visible(False)
+    work = [sum(used for _, used in row) for row in blocks]
+    ax.set_title(title or f"ring attention: whose k/v block each rank holds, step by step\n"
+                 f"(blocks computed per rank: {work})", fontsize=9)
     fig.tight_layout()
     return fig
