@@ -67,6 +67,7 @@ def test_published_parameter_counts():
     assert lesson.DGX_A100(1024).num_gpus == 1024
 
 
+@pytest.mark.filterwarnings("error::UserWarning")  # e.g. "Tight layout not applied": a figure with no room
 def test_plots_draw():
     groups = {"tp": [[0, 1], [2, 3], [4, 5], [6, 7]], "dp": [[0, 2], [1, 3], [4, 6], [5, 7]],
               "pp": [[0, 4], [1, 5], [2, 6], [3, 7]]}

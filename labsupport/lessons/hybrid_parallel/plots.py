@@ -117,7 +117,8 @@ def plot_memory_plan(rows, memory_bytes: float, title: str = "memory per GPU", x
     total written at the edge."""
     plt = _plt()
     xmax = xmax_gb or 2 * memory_bytes / 1e9
-    fig, ax = plt.subplots(figsize=(7.5, 1.0 + 0.22 * len(rows)))
+    height = max(1.8, 1.0 + 0.22 * len(rows))  # inches; a plan of one or two rows still needs room for the legend
+    fig, ax = plt.subplots(figsize=(7.5, height))
     labels = [label for label, _ in rows]
     state = [r["model_state"] / 1e9 for _, r in rows]
     act = [r["activations"] / 1e9 for _, r in rows]
@@ -135,9 +136,8 @@ def plot_memory_plan(rows, memory_bytes: float, title: str = "memory per GPU", x
     ax.invert_yaxis()
     ax.set_xlabel("GB per GPU")
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.9 / (1.0 + 0.22 * len(rows))), ncol=2,
-              frameon=False)
-    fig.tight_layout()
+    fig.legend(fontsize=7, loc="lower center", ncol=2, frameon=False)
+    fig.tight_layout(rect=(0, 0.3 / height, 1, 1))  # the legend keeps 0.3 inches below the axes
     return fig
 
 
