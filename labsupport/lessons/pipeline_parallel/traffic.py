@@ -69,10 +69,12 @@ def dp_bytes_per_rank(num_params: int, n: int, element_size: int = 4) -> float:
 
 
 def tp_bytes_per_rank(b: int, s: int, h: int, t: int, layers: int, m: int = 1, element_size: int = 4) -> float:
-    """Bytes one tensor-parallel rank sends per step: ``8 b s h (t-1)/t`` elements per transformer layer and
-    micro-batch (two all-reduces forward and two backward, each a ring's ``2 (t-1)/t``; notebook 04's
-    ``narayanan_layer_bytes``), for ``layers`` layers and ``m`` micro-batches."""
-    return 8 * b * s * h * (t - 1) / t * layers * m * element_size
+    """Bytes one tensor-parallel rank sends per step: notebook 04's ``narayanan_layer_bytes``, ``8 b s h (t-1)/t``
+    elements per transformer layer and micro-batch (two all-reduces forward and two backward, each a ring's
+    ``2 (t-1)/t``), for ``layers`` layers and ``m`` micro-batches."""
+    from labsupport.lessons.tensor_parallel import narayanan_layer_bytes
+
+    return narayanan_layer_bytes(b, s, h, t, element_size) * layers * m
 
 
 def gpt_params(layers: int, h: int, vocab: int = 50257, context: int = 1024) -> int:
