@@ -25,7 +25,7 @@ def _plain(value, depth: int = 0):
         return value
     mod = kind.__module__.split(".")[0]
     if mod in ("torch", "numpy") and kind.__name__ in ("Tensor", "ndarray", "dtype", "device", "Size", "float64",
-                                                       "float32", "int64", "int32", "bool_"):
+                                                       "float32", "int64", "int32", "bool_", "bool"):
         if kind.__name__ == "Tensor" and kind.__module__ != "torch":
             raise TypeError("a tensor subclass")
         return value

@@ -236,9 +236,46 @@ def test_moe_correct_passes():
     check_combine_tokens(combine_index_copy)
 
 
+def dispatch_no_regroup(tokens, expert_of_token, num_experts):
+    """Forgets to regroup what arrived (by source rank, then expert) by local expert."""
+    world = dist.get_world_size()
+    send, recv = _counts(expert_of_token, num_experts)
+    order = torch.argsort(expert_of_token, stable=True)
+    got = tokens.new_empty(int(recv.sum()), tokens.shape[1])
+    dist.all_to_all_single(got, tokens[order], recv.sum(1).tolist(), send.sum(1).tolist())
+    return list(got.split(recv.sum(0).tolist())) if world else None
+
+
+def dispatch_skips_when_empty(tokens, expert_of_token, num_experts):
+    """A rank with no tokens returns at once, leaving the others waiting in the count exchange."""
+    if len(tokens) == 0:
+        return [tokens.new_empty(0, tokens.shape[1]) for _ in range(num_experts // dist.get_world_size())]
+    return dispatch_single(tokens, expert_of_token, num_experts)
+
+
+def dispatch_no_count_exchange(tokens, expert_of_token, num_experts):
+    """Assumes every rank receives what it sends: the sizes disagree and gloo aborts a rank."""
+    world = dist.get_world_size()
+    k = num_experts // world
+    send = torch.bincount(expert_of_token, minlength=num_experts).view(world, k)
+    order = torch.argsort(expert_of_token, stable=True)
+    got = tokens.new_empty(len(tokens), tokens.shape[1])
+    dist.all_to_all_single(got, tokens[order], send.sum(1).tolist(), send.sum(1).tolist())
+    return list(got.split(k * [len(tokens) // k] + [len(tokens) % k])[:k])
+
+
+def combine_skips_when_empty(expert_outputs, expert_of_token, num_experts):
+    if len(expert_of_token) == 0:
+        return expert_outputs[0].new_empty(0, expert_outputs[0].shape[1])
+    return combine_single(expert_outputs, expert_of_token, num_experts)
+
+
 @pytest.mark.parametrize("check, impl, expected", [
     (check_dispatch_tokens, dispatch_drops_empty, "empty ones included"),
-    (check_dispatch_tokens, dispatch_expert_major_source_minor_wrong, "ordered by source rank"),
+    (check_dispatch_tokens, dispatch_expert_major_source_minor_wrong, "by source rank, then by position"),
+    (check_dispatch_tokens, dispatch_no_regroup, "by source rank, then by position"),
+    (check_dispatch_tokens, dispatch_skips_when_empty, "had returned from dispatch_tokens"),
+    (check_combine_tokens, combine_skips_when_empty, "had returned from combine_tokens"),
     (check_dispatch_tokens, dispatch_send_recv, "used send/recv"),
     (check_dispatch_tokens, dispatch_gather_everything, "send each row only to the rank that needs it"),
     (check_combine_tokens, combine_expert_order, "sorted by expert"),
@@ -248,6 +285,15 @@ def test_moe_bugs_fail(check, impl, expected):
     with pytest.raises(AssertionError) as info:
         check(impl)
     assert expected in str(info.value), str(info.value)
+    assert len(str(info.value)) <= 400, str(info.value)   # the feedback page cuts at 400: every word gets there
+
+
+def test_mismatched_split_sizes_name_the_counts():
+    """Skipping the count exchange makes gloo abort one rank; whichever rank is reported, the message says why."""
+    with pytest.raises(AssertionError) as info:
+        check_dispatch_tokens(dispatch_no_count_exchange)
+    text = str(info.value)
+    assert "exchange the counts" in text or "crashed a worker" in text, text
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -318,6 +364,35 @@ def test_planner_bugs_fail(check, impl, expected):
     with pytest.raises(AssertionError) as info:
         check(impl)
     assert expected in str(info.value), str(info.value)
+
+
+def _fits_numpy(model, cluster, dp, tp, pp, zero_stage=0, micro_batch=1, recompute="none", sequence_parallel=False):
+    """Correct alternative in numpy: its numbers are numpy floats and its verdict a numpy.bool_."""
+    import numpy as np
+
+    out = _fits_with(act_expanded)(model, cluster, dp, tp, pp, zero_stage, micro_batch, recompute, sequence_parallel)
+    total = np.float64(out["model_state"]) + np.float64(out["activations"])
+    return dict(out, total=total, fits=total <= np.float64(cluster.memory_bytes))
+
+
+def act_not_written(*args, **kwargs):
+    raise NotImplementedError
+
+
+def test_fits_is_graded_on_its_own():
+    """A fits that uses the student's (wrong) activation_bytes as the exercise says keeps its points; numpy's
+    verdict counts as a verdict; a fits stopped by an unwritten activation_bytes is told so."""
+    check_fits(_fits_with(act_no_t), act_no_t)
+    check_fits(_fits_with(act_full_over_t), act_full_over_t)
+    check_fits(_fits_numpy)
+    with pytest.raises(AssertionError, match="micro-batches in flight"):
+        check_fits(_fits_with(act_no_t, in_flight="all"), act_no_t)   # its own mistake still costs its points
+    with pytest.raises(AssertionError, match="'activations'"):
+        check_fits(_fits_with(act_no_t), act_expanded)                 # not the activation_bytes it was given
+    with pytest.raises(AssertionError, match=r"activation_bytes \(exercise 4\), which is not implemented yet either"):
+        check_fits(_fits_with(act_not_written), act_not_written)
+    with pytest.raises(AssertionError, match="should be True or False, got 'yes'"):
+        check_fits(lambda *a, **k: dict(_fits_with(act_expanded)(*a, **k), fits="yes"))
 
 
 def test_published_configurations_fit_only_with_recomputation():

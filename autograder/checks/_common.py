@@ -14,6 +14,8 @@ import random
 
 import labsupport
 
+_CHECKS = os.path.dirname(os.path.abspath(__file__))  # a rank blocked in a file under here has left the student's code
+
 #: Seconds a single probe may run before it counts as a deadlock. Keep well under the grader's cell time-out.
 PROBE_TIMEOUT = float(os.environ.get("AUTOGRADER_PROBE_TIMEOUT", "20"))
 
@@ -29,9 +31,16 @@ def run_on_workers(probe, *args, world_size: int, what: str, timeout: float | No
     try:
         return labsupport.run(probe, *args, world_size=world_size, timeout=timeout, **kwargs)
     except labsupport.WorkerTimeout as exc:
-        where = "; ".join(
-            line.strip() for line in str(exc).splitlines() if line.strip().startswith("rank ")
-        )
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip().startswith("rank ")]
+        where = "; ".join(lines)
+        left = [line.split(":")[0] for line in lines if f"{_CHECKS}{os.sep}" in line]
+        inside = [line.replace(": blocked in ", " still waited in ", 1) for line in lines
+                  if f"{_CHECKS}{os.sep}" not in line]
+        if left and inside:
+            raise AssertionError(
+                f"{what} deadlocked with world_size={world_size}: {', '.join(left)} had returned from {what} while "
+                f"{'; '.join(inside)}. Every rank must make the same collective calls, even one with nothing to send."
+            ) from None
         raise AssertionError(
             f"{what} did not finish within {timeout:g} s with world_size={world_size}: it deadlocked "
             f"(a rank waited for a message that never came). {where}. Check that every send has a matching "

@@ -73,8 +73,8 @@ _METADATA = 64  # bytes of counts a rank may exchange per peer and per expert, b
 def _volume(calls, rows_bytes, remote_bytes, num_experts, world, what):
     kinds = {c.kind for c in calls}
     if kinds & {"send", "recv"}:
-        return (f"{what} used send/recv: exchange the rows with one all-to-all (dist.all_to_all_single or "
-                "dist.all_to_all), the collective this exercise is about.")
+        return (f"{what} used send/recv: exchange the rows with dist.all_to_all_single and its input/output "
+                "split sizes, the collective this exercise is about.")
     moved = sum(c.nbytes for c in calls if c.kind in ("all_to_all", "all_to_all_single"))
     total = sum(c.nbytes for c in calls)
     if moved < remote_bytes:
@@ -91,6 +91,26 @@ def _copy(ts):
     return [t.clone() for t in ts]
 
 
+def _describe(value) -> str:
+    """A value in a few words (no dump of its numbers: messages must stay short enough to be read whole)."""
+    if isinstance(value, torch.Tensor):
+        return f"a {tuple(value.shape)} {str(value.dtype).replace('torch.', '')} tensor"
+    if isinstance(value, (list, tuple)):
+        return f"a {type(value).__name__} of {len(value)} items"
+    return short(value)
+
+
+def _find_row(row, tokens, experts):
+    """Which token of which rank ``row`` is, as words ("rank 1's token 4 (expert 3)"), or None."""
+    for source, (t, e) in enumerate(zip(tokens, experts)):
+        if row.dtype == t.dtype and row.shape == t.shape[1:]:
+            hits = (t == row).all(dim=1).nonzero()
+            if len(hits):
+                i = int(hits[0])
+                return f"rank {source}'s token {i} (expert {int(e[i])})"
+    return None
+
+
 def _moe_probe(fn, seed, which):
     import torch.distributed as dist
 
@@ -103,27 +123,30 @@ def _moe_probe(fn, seed, which):
         mine, route = tokens[rank].clone(), experts[rank].clone()
         owner = route // k
         failure = None
-        where = (f"case {index + 1} (seed {seed}): {E} experts on {world} ranks, {len(mine)} tokens of width "
-                 f"{mine.shape[1]} ({str(mine.dtype).replace('torch.', '')}) on rank {rank}, expert {case['empty']} "
-                 "gets no token")
+        where = (f"rank {rank}, case {index + 1} of 4 (seed {seed}: {E} experts on {world} ranks, {len(mine)} tokens "
+                 f"here, width {mine.shape[1]}, {str(mine.dtype).replace('torch.', '')}; expert {case['empty']} gets "
+                 "no token)")
         try:
             if which == "dispatch":
                 with CommCounter() as cc:
                     got = fn(mine, route, E)
                 expected = reference_dispatch(tokens, experts, E, rank)
                 if not isinstance(got, (list, tuple)) or len(got) != k:
-                    failure = (f"dispatch_tokens should return a list of {k} tensors (one per local expert, empty "
-                               f"ones included), got {short(got)}; {where}.")
+                    failure = (f"{where}: dispatch_tokens should return a list of {k} tensors (one per local expert, "
+                               f"empty ones included), got {_describe(got)}.")
                 else:
                     for j, (g, x) in enumerate(zip(got, expected)):
                         e = rank * k + j
                         if not isinstance(g, torch.Tensor) or g.shape != x.shape or g.dtype != x.dtype:
-                            failure = (f"item {j} (expert {e}): expected shape {tuple(x.shape)} {x.dtype}, got "
-                                       f"{short(g)}; an expert with no tokens gets a (0, d) tensor; {where}.")
+                            failure = (f"{where}: item {j} (expert {e}) should be a {tuple(x.shape)} "
+                                       f"{str(x.dtype).replace('torch.', '')} tensor, got {_describe(g)}; an expert "
+                                       "with no tokens gets a (0, d) tensor.")
                         elif not torch.equal(g, x):
-                            failure = (f"item {j} (expert {e}) holds the right number of rows in the wrong order or "
-                                       f"with wrong values: got {short(g)}, expected {short(x)}. Rows are ordered by "
-                                       f"source rank, then by position in that rank's tokens; {where}.")
+                            i = int((g != x).any(dim=1).nonzero()[0])
+                            want = _find_row(x[i], tokens, experts)
+                            have = _find_row(g[i], tokens, experts) or "no token's row (its values changed)"
+                            failure = (f"{where}: item {j} (expert {e}), row {i} is {have}; expected {want}. Rows go "
+                                       "by source rank, then by position in that rank's tokens.")
                         if failure:
                             break
                 rows = mine.numel() * mine.element_size()
@@ -140,8 +163,9 @@ def _moe_probe(fn, seed, which):
                 for i in range(len(mine)):
                     expected[i] = _expert_fn(int(route[i]), mine[i:i + 1])[0]
                 if not isinstance(got, torch.Tensor) or got.shape != expected.shape or got.dtype != expected.dtype:
-                    failure = (f"combine_tokens should return a ({len(mine)}, {width}) {expected.dtype} tensor (one "
-                               f"row per token of this rank, the experts' width), got {short(got)}; {where}.")
+                    failure = (f"{where}: combine_tokens should return a ({len(mine)}, {width}) "
+                               f"{str(expected.dtype).replace('torch.', '')} tensor (one row per token of this rank, "
+                               f"the experts' width), got {_describe(got)}.")
                 elif not torch.equal(got, expected):
                     bad = int((got != expected).any(dim=1).nonzero()[0])
                     hint = ""
@@ -149,22 +173,32 @@ def _moe_probe(fn, seed, which):
                     if torch.equal(got, expected[order]):
                         hint = (" Your rows are sorted by expert: put each row back at the position of its token "
                                 "(the inverse of the permutation that grouped them by expert).")
-                    failure = (f"row {bad} (token {bad}, routed to expert {int(route[bad])}) is "
-                               f"{short(got[bad])}, expected {short(expected[bad])}.{hint} {where}.")
+                    same = (expected == got[bad]).all(dim=1).nonzero()
+                    have = (f"the output for token {int(same[0])} (expert {int(route[int(same[0])])})" if len(same)
+                            else "no output of any expert for this rank's tokens")
+                    failure = (f"{where}: row {bad} (token {bad}, routed to expert {int(route[bad])}) holds "
+                               f"{have}.{hint}")
                 rows = sum(o.numel() * o.element_size() for o in outputs)
                 own_rows = sum(int(((experts[s] // k) == rank).sum()) for s in range(world) if s != rank)
                 remote = own_rows * width * mine.element_size()
                 failure = failure or _volume(cc.calls, rows, remote, E, world, "combine_tokens")
                 if failure is None and any(not torch.equal(a, b) for a, b in zip(given, outputs)):
-                    failure = f"combine_tokens changed expert_outputs in place: leave its inputs untouched; {where}."
+                    failure = f"{where}: combine_tokens changed expert_outputs in place: leave its inputs untouched."
             if failure is None and (not torch.equal(mine, tokens[rank]) or not torch.equal(route, experts[rank])):
-                failure = f"{which}_tokens changed its inputs in place: leave tokens and expert_of_token untouched; {where}."
+                failure = (f"{where}: {which}_tokens changed its inputs in place: leave tokens and expert_of_token "
+                           "untouched.")
         except (NotImplementedError, AssertionError):
             raise
         except Exception as exc:
             # raise at once: the other ranks may be blocked in a collective this rank never reached, and the
             # launcher stops them when one rank fails
-            raise AssertionError(f"{which}_tokens raised {type(exc).__name__}: {exc}; {where}.") from None
+            text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            if any(sign in text for sign in ("Connection reset", "Connection closed", "Received data size")):
+                raise AssertionError(
+                    f"{where}: {which}_tokens lost its connection inside an all-to-all ({text[:100]}): another rank "
+                    "crashed there. The sizes each rank expects (output_split_sizes) must equal what its peers send "
+                    "it: exchange the counts with an all-to-all first.") from None
+            raise AssertionError(f"{where}: {which}_tokens raised {type(exc).__name__}: {text[:200]}") from None
         first = _agree(failure)
         if first is not None:
             raise AssertionError(first)

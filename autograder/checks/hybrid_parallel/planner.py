@@ -87,8 +87,28 @@ def check_activation_bytes(activation_bytes):
         raise AssertionError("activation_bytes(..., recompute='sometimes') should raise ValueError.")
 
 
-def check_fits(fits):
-    """Drawn models and layouts: the model-state (ZeRO) and activation terms, their sum, the verdict; ValueError."""
+def _layer_bytes(activation_bytes, *args):
+    """What the student's ``activation_bytes`` gives for one layer, or None when it fails or is not a number."""
+    if activation_bytes is None:
+        return None
+    try:
+        value = activation_bytes(*args)
+    except Exception:
+        return None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _is_bool(value) -> bool:
+    """True or False, as Python's bool or numpy's (a comparison of numpy numbers gives a numpy bool)."""
+    return isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"))
+
+
+def check_fits(fits, activation_bytes=None):
+    """Drawn models and layouts: the model-state (ZeRO) and activation terms, their sum, the verdict; ValueError.
+
+    ``fits`` is graded on its own: given the student's ``activation_bytes``, activations computed from it count as
+    right too (that function's mistakes cost exercise 4's points only).
+    """
     from labsupport.lessons.hybrid_parallel import DGX_A100, GPT3_175B, NARAYANAN_TABLE1, Model
 
     seed = draw_seed()
@@ -113,10 +133,22 @@ def check_fits(fits):
         try:
             got = fits(model, cluster, dp, tp, pp, stage, b, rc, sequence_parallel=sp)
         except NotImplementedError:
+            layer_args = (model.seq_len, b, model.hidden, model.heads, tp, sp, rc)
+            if activation_bytes is not None and _layer_bytes(activation_bytes, *layer_args) is None:
+                raise AssertionError("fits raised NotImplementedError: it is not implemented yet, or it calls "
+                                     "activation_bytes (exercise 4), which is not implemented yet either.") from None
             raise AssertionError("fits is not implemented yet (it raised NotImplementedError).") from None
         except Exception as exc:
             raise AssertionError(f"{call} raised {type(exc).__name__}: {exc}") from None
         expected = reference_fits(model, cluster, dp, tp, pp, stage, b, rc, sp)
+        if isinstance(got, dict) and "activations" in got and not _close(got["activations"], expected["activations"]):
+            # the student's own activation_bytes, used the way the exercise says, is right here too
+            layer = _layer_bytes(activation_bytes, model.seq_len, b, model.hidden, model.heads, tp, sp, rc)
+            if layer is not None:
+                theirs = min(pp, expected["microbatches"]) * (model.num_layers / pp) * layer
+                if _close(got["activations"], theirs):
+                    expected = dict(expected, activations=theirs, total=expected["model_state"] + theirs,
+                                    fits=expected["model_state"] + theirs <= cluster.memory_bytes)
         if not isinstance(got, dict):
             raise AssertionError(f"{call} should return a dict, got {short(got)}.")
         hints = {
@@ -130,8 +162,11 @@ def check_fits(fits):
             if key not in got or not _close(got[key], expected[key]):
                 raise AssertionError(f"{call}[{key!r}] = {short(got.get(key))}, expected {expected[key]:.6g}: "
                                      f"{hints[key]}.")
-        if got.get("fits") is not bool(expected["fits"]):
-            raise AssertionError(f"{call}['fits'] = {short(got.get('fits'))}, expected {expected['fits']} (total "
+        verdict = got.get("fits")
+        if not _is_bool(verdict):
+            raise AssertionError(f"{call}['fits'] should be True or False, got {short(verdict)}.")
+        if bool(verdict) != bool(expected["fits"]):
+            raise AssertionError(f"{call}['fits'] = {short(verdict)}, expected {bool(expected['fits'])} (total "
                                  f"{expected['total'] / 1e9:.1f} GB against {cluster.memory_bytes / 1e9:.0f} GB).")
         step = got.get("step_time")
         if not isinstance(step, (int, float)) or isinstance(step, bool) or not (0 < step < math.inf):
