@@ -98,7 +98,7 @@ def _pipeline_case(run_pipeline, num_layers: int, m: int, kind: str, rows: int, 
     from labsupport import CommCounter
 
     rank, p = dist.get_rank(), dist.get_world_size()
-    label = f"run_pipeline with {kind} on {p} stages, {num_layers} layers, m={m} micro-batches of {rows} rows"
+    label = f"run_pipeline ({kind}, {p} stages, {num_layers} layers, m={m} micro-batch{'es' if m != 1 else ''} of {rows} rows)"
     ranges = reference_partition(num_layers, p)
     model = _model(num_layers, seed)
     stage = RecordingStage(nn.Sequential(*[model[i] for i in ranges[rank]]))
@@ -113,18 +113,22 @@ def _pipeline_case(run_pipeline, num_layers: int, m: int, kind: str, rows: int, 
     oracle_loss.backward()
     oracle_params = [dict(oracle[i].named_parameters()) for i in ranges[rank]]
 
-    failure = None
     with CommCounter() as cc:
         try:
             loss = run_pipeline(stage, schedule, xs, ys, _loss_fn)
         except (NotImplementedError, AssertionError):
             raise
         except Exception as exc:
-            failure = f"{label}: rank {rank} raised {type(exc).__name__}: {exc}"
-    if failure is None:
-        failure = _judge(rank, p, m, label, stage, schedule, loss, oracle_loss, oracle_params, ranges, cc,
-                         xs, xs_kept, ys, ys_kept)
-    return failure
+            # raise at once (no agreement round): a neighbour may wait for a message this rank will never send,
+            # and the launcher stops the other ranks when one fails
+            text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            hint = ""
+            if "NoneType" in str(exc):
+                hint = (" A tensor was None: if it is the received activation's .grad, make the received tensor a "
+                        "leaf of this stage's graph (x.requires_grad_()) before running the stage.")
+            raise AssertionError(f"{label}: rank {rank} raised {type(exc).__name__}: {text[:200]}{hint}") from None
+    return _judge(rank, p, m, label, stage, schedule, loss, oracle_loss, oracle_params, ranges, cc,
+                  xs, xs_kept, ys, ys_kept)
 
 
 def _judge(rank, p, m, label, stage, schedule, loss, oracle_loss, oracle_params, ranges, cc, xs, xs_kept, ys,
@@ -164,14 +168,15 @@ def _judge(rank, p, m, label, stage, schedule, loss, oracle_loss, oracle_params,
                 if math.isclose(ratio, m, rel_tol=1e-3):
                     hint = " It is m times too large: average the loss over the micro-batches (divide each by m)."
                 elif rank < p - 1:
-                    hint = (" The stages after this one may be right: look at the gradient this stage receives "
-                            "from stage " f"{rank + 1} (it must be the gradient of the loss with respect to the "
-                            "activation that stage received: make the received tensor a leaf with requires_grad_() "
-                            "and send its .grad back), and at the activation it was computed from (a fresh tensor "
-                            "per micro-batch: a receive buffer reused for the next micro-batch overwrites what "
-                            "backward needs).")
-                return (f"{label}: on stage {rank}, layer {i}'s {name}.grad is {short(got)}, expected "
-                        f"{short(ref.grad)} (one-process training, loss averaged over micro-batches).{hint}")
+                    hint = (f" Check what stage {rank + 1} sends back (the received activation's .grad, made a leaf "
+                            "with requires_grad_()) and that each received activation is a fresh tensor (a reused "
+                            "receive buffer is overwritten before backward needs it).")
+                else:
+                    hint = (" Check that each received activation is a fresh tensor (a reused receive buffer is "
+                            "overwritten before backward needs it).")
+                message = f"{label}: on stage {rank}, layer {i}'s {name}.grad is not one-process training's.{hint}"
+                values = f" Got {short(got, 2)}, expected {short(ref.grad, 2)}."
+                return message + values if len(message + values) < 360 else message   # the hint first
     other = sorted({c.kind for c in cc.calls} - {"send", "recv"})
     if other:
         return (f"{label}: rank {rank} called torch.distributed.{other[0]}: a pipeline passes activations and "
