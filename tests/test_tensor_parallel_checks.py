@@ -300,6 +300,46 @@ def copy_world_group(x, group=None):        # ignores group
     return copy_ok(x, None)
 
 
+class _CopyInPlace(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):                   # all-reduces the caller's gradient tensor itself
+        dist.all_reduce(g, group=ctx.group)
+        return g, None
+
+
+def copy_grad_in_place(x, group=None):
+    return _CopyInPlace.apply(x, group)
+
+
+class _CopyMean(_Copy):
+    @staticmethod
+    def backward(ctx, g):
+        g = g.clone()
+        dist.all_reduce(g, group=ctx.group)
+        return g / dist.get_world_size(ctx.group), None
+
+
+def copy_averages(x, group=None):
+    return _CopyMean.apply(x, group)
+
+
+class _ReduceMean(_Reduce):
+    @staticmethod
+    def forward(ctx, x, group):
+        y = x.clone()
+        dist.all_reduce(y, group=group)
+        return y / dist.get_world_size(group)
+
+
+def reduce_averages(x, group=None):
+    return _ReduceMean.apply(x, group)
+
+
 def todo(*args, **kwargs):
     raise NotImplementedError()
 
@@ -314,6 +354,8 @@ def test_f_and_g_correct_pass():
     (copy_is_g, "f is the identity in forward"),
     (copy_plain, "f's backward all-reduces"),
     (copy_world_group, "pass group="),
+    (copy_grad_in_place, "changed in place: all-reduce a copy"),
+    (copy_averages, "It is 1/t of the sum"),
     (todo, "not implemented yet"),
 ])
 def test_copy_bugs_fail(impl, expected):
@@ -326,6 +368,7 @@ def test_copy_bugs_fail(impl, expected):
     (reduce_is_f, "g all-reduces (sums) x over the group in forward"),
     (reduce_both_ways, "g is the identity in backward"),
     (reduce_in_place, "changed its input x in place"),
+    (reduce_averages, "It is 1/t of the sum"),
 ])
 def test_reduce_bugs_fail(impl, expected):
     with pytest.raises(AssertionError) as info:
@@ -606,6 +649,11 @@ class AttentionNoCheck(AttentionOK):
             divisible = saved
 
 
+class AttentionWholeWorld(AttentionOK):       # ignores group: shards over every rank
+    def __init__(self, attn, group):
+        super().__init__(attn, None)
+
+
 def test_attention_correct_pass():
     check_ParallelAttention(AttentionOK)
     check_ParallelAttention(AttentionFused)
@@ -614,6 +662,7 @@ def test_attention_correct_pass():
 @pytest.mark.parametrize("impl, expected", [
     (AttentionThreeF, "apply copy_to_tp once"),
     (AttentionInterleavedHeads, "interleaved heads"),
+    (AttentionWholeWorld, "tensor-parallel groups of 2"),
 ])
 def test_attention_bugs_fail(impl, expected):
     with pytest.raises(AssertionError) as info:

@@ -84,4 +84,4 @@ def check_ParallelAttention(ParallelAttention) -> None:
     b*s*h elements in forward and one in backward."""
     seed = draw_seed()
     _run(_probe_attention, ParallelAttention, seed, what="ParallelAttention", seed=seed,
-         configs=((2, 2), (3, 3), (4, 4), (1, 1)))
+         configs=((2, 2), (3, 3), (4, 4), (4, 2), (1, 1)))

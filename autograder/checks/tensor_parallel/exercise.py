@@ -49,7 +49,7 @@ def _exercise(label, module, dense, before, x, G, want_out, want_xgrad, shards, 
             failure = f"{where}: the forward returned {type(out).__name__}, expected a tensor."
         else:
             cause = (out_cause(out) if out_cause else "") or ""
-            failure = f"{where}: output {short(out)}, expected {short(want_out)}. {cause}".strip()
+            failure = f"{where}: {cause + ' ' if cause else ''}output {short(out, 4)}, expected {short(want_out, 4)}."
     if failure is None and not out.requires_grad:
         failure = (f"{where}: the output does not require grad: the autograd graph was cut (dist collectives are "
                    "not differentiable; wrap them in a torch.autograd.Function).")
@@ -59,7 +59,8 @@ def _exercise(label, module, dense, before, x, G, want_out, want_xgrad, shards, 
     failure = _comm_failure(calls, bwd, ranks, t, f"{where}, backward", bwd_hint)
     if failure is None and want_xgrad is not None and not _close(x.grad, want_xgrad):
         cause = (xgrad_cause(x.grad) if (xgrad_cause and x.grad is not None) else "") or ""
-        failure = f"{where}: the input's gradient is {short(x.grad)}, expected {short(want_xgrad)}. {cause}".strip()
+        failure = (f"{where}: {cause + ' ' if cause else ''}the input's gradient is {short(x.grad, 4)}, expected "
+                   f"{short(want_xgrad, 4)}.")
     failure = failure or _grad_failure(pairs, t, f"{where}, backward", scaled_hint)
     if _agree(failure):
         return failure or ELSEWHERE

@@ -52,7 +52,7 @@ def _run(probe, *args, what: str, seed: int, configs=CONFIGS):
         for failure in results:
             if failure and failure != ELSEWHERE:
                 layout = "" if tp == world_size else f", tensor-parallel groups of {tp}"
-                raise AssertionError(f"{failure} (t={tp}{layout}, seed {seed})")
+                raise AssertionError(f"(t={tp}{layout}, seed {seed}) {failure}")
 
 
 def _tp_group(tp: int):

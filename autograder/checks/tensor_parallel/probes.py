@@ -48,13 +48,16 @@ def _probe_fg(tp, which, fn, seed, shape):
                                 "g all-reduces (sums) x over the group in forward, once.")
         expected_out, expected_grad = sum(xs), gs[r]
     if failure is None and not _close(out, expected_out):
-        failure = f"{label}, forward, on rank {r}: output {short(out)}, expected {short(expected_out)}."
+        third = " It is 1/t of the sum: g sums over the group (ReduceOp.SUM), do not divide by t." if (
+            which == "reduce_from_tp" and t > 1 and _close(out * t, expected_out)) else ""
+        failure = f"{label}, forward, on rank {r}:{third} output {short(out, 4)}, expected {short(expected_out, 4)}."
     if failure is None and not out.requires_grad:
         failure = (f"{label}: the output does not require grad although x does: use a torch.autograd.Function so "
                    "that gradients flow through it.")
     if _agree(failure):
         return failure or ELSEWHERE
-    _, bwd = _recorded(lambda: _call(f"backward through {label}", out.backward, gs[r]))
+    incoming = gs[r].clone()
+    _, bwd = _recorded(lambda: _call(f"backward through {label}", out.backward, incoming))
     if which == "copy_to_tp":
         failure = _comm_failure(bwd, [({"all_reduce"}, nbytes)], ranks, t, f"{label}, backward, on rank {r}",
                                 "f's backward all-reduces (sums) the incoming gradient over the group, once.")
@@ -62,10 +65,16 @@ def _probe_fg(tp, which, fn, seed, shape):
         failure = _comm_failure(bwd, [], ranks, t, f"{label}, backward, on rank {r}",
                                 "g is the identity in backward (an all-reduce in both directions counts the "
                                 "gradient t times; did you swap f and g?).")
+    if failure is None and not torch.equal(incoming, gs[r]):
+        failure = (f"{label}, backward, on rank {r}: the incoming gradient (the tensor the caller passed to "
+                   "backward) was changed in place: all-reduce a copy (grad.clone()).")
     if failure is None and not _close(x.grad, expected_grad):
-        failure = (f"{label}, backward, on rank {r}: x.grad is {short(x.grad)}, expected {short(expected_grad)} "
-                   + ("(the sum of every rank's incoming gradient)." if which == "copy_to_tp"
-                      else "(the incoming gradient, unchanged)."))
+        third = " It is 1/t of the sum: f's backward sums over the group (ReduceOp.SUM), do not divide by t." if (
+            which == "copy_to_tp" and t > 1 and isinstance(x.grad, torch.Tensor) and _close(x.grad * t,
+                                                                                           expected_grad)) else ""
+        failure = (f"{label}, backward, on rank {r}:{third} x.grad is {short(x.grad, 4)}, expected "
+                   f"{short(expected_grad, 4)} " + ("(the sum of every rank's incoming gradient)."
+                                                    if which == "copy_to_tp" else "(the incoming gradient, unchanged)."))
     return failure
 
 

@@ -122,7 +122,7 @@ def plot_memory(ts, measured, dense_bytes: float, weights_only=None):
 
 
 def plot_volume(ts, measured, formula, labels=("measured (recorded collectives, ring cost)",
-                                               "Narayanan et al. 2021: 8bsh(t-1)/t elements")):
+                                               "Narayanan et al. 2021: 8bsh(t-1)/t elements × 4 B")):
     """Bytes sent per rank per layer: what was recorded (converted with ring costs) against the formula."""
     import matplotlib.pyplot as plt
 
