@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -354,5 +355,19 @@ def verdicts_to_points(report: dict, max_points: dict[str, float]) -> dict[str, 
         elif verdict.get("passed"):
             out[gid] = (full, None)
         else:
-            out[gid] = (0.0, verdict.get("message") or "failed")
+            out[gid] = (0.0, _skipped_hint(verdict.get("message") or "failed", report.get("skipped") or []))
     return out
+
+
+def _skipped_hint(message: str, skipped: list[str]) -> str:
+    """``message``, led by what the judge skipped when the failure is a name that skipped statement would define."""
+    found = re.search(r"name '(\w+)' is not defined", message)
+    if not found:
+        return message
+    name = found.group(1)
+    cause = next((s for s in skipped if re.search(rf"\b{re.escape(name)}\b", s)), None)
+    if cause is None:
+        return message
+    label, _, what = cause.partition(": ")
+    return (f"{name} is not defined when the grader runs your answers: it skipped {what or label}"
+            f"{' in ' + label if what else ''}; answer cells are run as definitions only. {message}")

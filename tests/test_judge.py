@@ -85,7 +85,9 @@ def test_judge_runs_honest_definitions(source):
     ("class A(make_base()):\n    pass\n", "base class"),
     ("x = evil()\n", "assignment"),
     ("x = functools.reduce(exec, ['code'])\n", "assignment"),
-    ("import autograder.checks.collectives as c\n", "import of autograder"),
+    ("import autograder.checks.collectives as c\n", "does not import autograder"),
+    ("import types\n", "does not import types"),
+    ("from types import FunctionType, SimpleNamespace\n", "does not import types"),
     ("from torch.distributed import _functional_collectives\n", "private"),
     ("c.check_broadcast = None\n", "assignment"),
     ("get_ipython().run_cell = None\n", "assignment"),
@@ -93,11 +95,27 @@ def test_judge_runs_honest_definitions(source):
     ("X = Evil[1]\n", "assignment"),
 ])
 def test_judge_skips_what_would_run_student_code(source, why):
+    """(A plain container from a blocked module is allowed: ``from types import SimpleNamespace`` runs.)"""
     code, skipped = _kept(source)
     assert any(why in s for s in skipped), (skipped, why)
     for bad in ("@patch", "__import__", "evil()", "exec", "Evil", "sys.modules", "_functional", "run_cell ="):
         assert bad not in code, (bad, code)
     assert not any(line.startswith(("import autograder", "c.check")) for line in code.splitlines()), code
+
+
+def test_a_skipped_import_is_named_in_the_message_of_the_name_it_would_define():
+    from autograder.judge import verdicts_to_points
+
+    code, skipped = _kept("from types import SimpleNamespace\nfrom types import CodeType\n")
+    assert "SimpleNamespace" in code and "CodeType" not in code, code
+    report = {"tests": {"t": {"passed": False, "message": "f raised NameError: name 'CodeType' is not defined"},
+                        "u": {"passed": False, "message": "name 'other' is not defined"}},
+              "skipped": [f"cell 3: {s}" for s in skipped]}
+    verdicts = verdicts_to_points(report, {"t": 1.0, "u": 1.0})
+    assert verdicts["t"][1].startswith("CodeType is not defined when the grader runs your answers: it skipped "
+                                       "`from types import CodeType` on line 2"), verdicts["t"]
+    assert " in cell 3; answer cells are run as definitions only. f raised NameError" in verdicts["t"][1]
+    assert verdicts["u"] == (0.0, "name 'other' is not defined")
 
 
 def test_values_from_student_code_must_be_plain():
