@@ -166,6 +166,17 @@ class Zero1PlainOptimizer:
         self.optim.zero_grad()
 
 
+class Zero1RoundRobin(Zero1ByParam):
+    """Owners dealt out in turn, whatever their sizes: one rank may hold far more than its share."""
+
+    def __init__(self, params, optimizer_cls, **kwargs):
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.params = [p for p in params if p.requires_grad]
+        self.owner = {p: i % self.world for i, p in enumerate(self.params)}
+        mine = [p for p in self.params if self.owner[p] == self.rank]
+        self.optim = optimizer_cls(mine, **kwargs) if mine else None
+
+
 class Zero1NoSync(Zero1ByParam):
     """Bug: the updated shards are never sent to the other ranks."""
 
@@ -239,6 +250,11 @@ class Zero1AllReduce(Zero1ByParam):
 class Zero1Todo:
     def __init__(self, params, optimizer_cls, **kwargs):
         raise NotImplementedError()
+
+
+def test_round_robin_owners_are_named_unbalanced():
+    with pytest.raises(AssertionError, match="the shares are unbalanced"):
+        check_ShardedOptimizer(Zero1RoundRobin)
 
 
 def test_sharded_optimizer_correct_passes():
@@ -381,6 +397,17 @@ class Zero2NoSync(Zero2Flat):
         pass
 
 
+class Zero2ShardView(Zero2Flat):
+    """The shard is a slice of the whole flat buffer, not a copy: every rank keeps all Ψ elements alive."""
+
+    def __init__(self, params, optimizer_cls, **kwargs):
+        super().__init__(params, optimizer_cls, **kwargs)
+        flat = torch.zeros(self.size * self.world)
+        flat[:self.total] = torch.cat([p.detach().reshape(-1) for p in self.params])
+        self.shard = flat[self.rank * self.size:(self.rank + 1) * self.size]
+        self.optim = optimizer_cls([self.shard], **kwargs)
+
+
 def test_zero2_correct_passes():
     check_Zero2Optimizer(Zero2Flat)
     check_Zero2Optimizer(Zero2Broadcast)
@@ -392,6 +419,7 @@ def test_zero2_correct_passes():
     (Zero2NoAverage, "differs from the unsharded"),
     (Zero2WithFrozen, "frozen"),
     (Zero2NoSync, "bring it the owner's updated values"),
+    (Zero2ShardView, ".clone() your shard"),
     (Zero1PlainOptimizer, "all-reduced"),
     (Zero1ByParam, "still holds the gradient of"),
 ])

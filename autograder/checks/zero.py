@@ -235,7 +235,19 @@ def _step_failure(setup, step, rank, world, model, oracle, names, left, calls, p
     return None
 
 
-def _state_failure(setup, rank, world, opt, oracle_opt, psi, largest, pad):
+def _kept_storage_elements(opts) -> int:
+    """Elements of the distinct storages behind the tensors the optimizers update: a slice of a bigger tensor keeps
+    all of it alive."""
+    storages = {}
+    for o in opts:
+        for group in o.param_groups:
+            for t in group["params"]:
+                storage = t.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes() // max(t.element_size(), 1)
+    return sum(storages.values())
+
+
+def _state_failure(setup, rank, world, opt, oracle_opt, psi, largest, pad, zero2=False):
     """What is wrong with the optimizer state this rank holds (None if nothing). Collective: every rank calls it."""
     import torch.distributed as dist
 
@@ -250,6 +262,10 @@ def _state_failure(setup, rank, world, opt, oracle_opt, psi, largest, pad):
     if not opts:
         return (f"{setup}: no torch.optim optimizer found in your object: build optimizer_cls over this rank's shard "
                 "and keep it as an attribute (e.g. self.optim).")
+    if mine > bound and total.item() <= kinds * (psi + pad):
+        return (f"{setup}: rank {rank} holds optimizer state for {mine} elements, more than Ψ/N plus the largest "
+                f"parameter ({int(bound)}), though the ranks together hold one copy: the shares are unbalanced. Give "
+                "the parameters out largest first, each to the rank with the fewest elements so far.")
     if mine > bound:
         return (f"{setup}: rank {rank} holds optimizer state for {mine} elements; the unsharded optimizer holds "
                 f"{kinds * psi} in all, so each of {world} ranks should hold about 1/{world} of it (at most "
@@ -258,6 +274,11 @@ def _state_failure(setup, rank, world, opt, oracle_opt, psi, largest, pad):
     if total.item() > kinds * (psi + pad):
         return (f"{setup}: the ranks together hold optimizer state for {total.item()} elements, more than one copy "
                 f"({kinds * psi}): the shards must not overlap.")
+    kept = _kept_storage_elements(opts)
+    if zero2 and kept > psi / world + largest + pad:
+        return (f"{setup}: rank {rank}'s optimizer updates tensors whose storage holds {kept} elements, about the "
+                f"whole model (Ψ = {psi}), not a 1/{world} shard: a slice of the flat buffer keeps all of it alive. "
+                ".clone() your shard.")
     return None
 
 
@@ -295,7 +316,7 @@ def _probe(cls, cls_name, zero2, seed):
             failure = _step_failure(setup, step, rank, world, model, oracle, names, left, cc.calls, psi, largest,
                                     pad, opt, zero2, volumes)
             if step == 0:  # collective: every rank calls it
-                state_failure = _state_failure(setup, rank, world, opt, oracle_opt, psi, largest, pad)
+                state_failure = _state_failure(setup, rank, world, opt, oracle_opt, psi, largest, pad, zero2)
                 failure = failure or state_failure
             if _stop_if_any(failure):
                 return None

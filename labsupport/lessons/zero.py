@@ -7,7 +7,7 @@
 * ``held_bytes(params, optimizer)``: the bytes one rank holds, counted from its tensors (parameters, gradients,
   optimizer state, the optimizer's own copies of parameters).
 * ``traffic_bytes(calls, world_size)``: the communication volume of a list of ``CommCall`` in the paper's units.
-* ``MeasureNet``, ``activation_bytes``, ``plot_measured``: the measurement of section 4.
+* ``MeasureNet``, ``activation_bytes``, ``plot_measured``: the measurements of sections 2 and 5.
 
 Example::
 
@@ -230,24 +230,39 @@ class MeasureNet:
             return _make_measure_net(cls.WIDTHS)
 
 
-def activation_bytes(model, x, autocast_dtype=None) -> int:
-    """Bytes of the tensors autograd saves for backward in one forward of ``model`` on ``x`` (inside
-    ``torch.autocast("cpu", dtype=autocast_dtype)`` when given), each storage once."""
+def activation_bytes(model, x, autocast_dtype=None) -> dict:
+    """What autograd saves for backward in one forward of ``model`` on ``x`` (inside
+    ``torch.autocast("cpu", dtype=autocast_dtype)`` when given), in bytes, each storage once:
+    ``{"activations", "weight copies", "parameters"}``. The parameters themselves cost nothing extra (the model holds
+    them anyway); a "weight copy" is a tensor of a parameter's shape in another dtype, the 16-bit cast autocast keeps
+    until backward."""
     import contextlib
 
     import torch
 
+    params = {_storage_key(p) for p in model.parameters()}
+    shapes = {(tuple(p.shape), p.dtype) for p in model.parameters()}
     seen = {}
 
     def pack(t):
-        seen.setdefault(_storage_key(t), t.untyped_storage().nbytes())
+        key = _storage_key(t)
+        if key in params:
+            kind = "parameters"
+        elif any(tuple(t.shape) in (shape, shape[::-1]) and t.dtype != dtype for shape, dtype in shapes):
+            kind = "weight copies"
+        else:
+            kind = "activations"
+        seen.setdefault(key, (kind, t.untyped_storage().nbytes()))
         return t
 
     ctx = torch.autocast("cpu", dtype=autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), ctx:
         out = model(x)
     out.float().sum().backward()
-    return sum(seen.values())
+    totals = dict.fromkeys(("activations", "weight copies", "parameters"), 0)
+    for kind, nbytes in seen.values():
+        totals[kind] += nbytes
+    return totals
 
 
 def plot_measured(rows, title: str = "bytes per rank: measured (bars) and calculated (black ticks)"):
