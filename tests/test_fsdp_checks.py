@@ -380,6 +380,16 @@ def traffic_fsdp_as_ddp(strategy, num_params, world_size, shard_size=None):
     return traffic_ok(strategy, num_params, world_size, shard_size)
 
 
+def traffic_zero2_three(strategy, num_params, world_size, shard_size=None):
+    if strategy == "zero2":                  # counted like FSDP
+        return 3 * (world_size - 1) / world_size * num_params
+    return traffic_ok(strategy, num_params, world_size, shard_size)
+
+
+def traffic_hsdp_default_shard(strategy, num_params, world_size, shard_size=None):
+    return traffic_ok(strategy, num_params, world_size, shard_size or (world_size if strategy == "hsdp" else None))
+
+
 @pytest.mark.parametrize("impl", [traffic_ok, traffic_in_two_terms])
 def test_traffic_correct_passes(impl):
     check_traffic_per_step(impl)
@@ -388,7 +398,9 @@ def test_traffic_correct_passes(impl):
 @pytest.mark.parametrize("impl, expected", [
     (traffic_hsdp_full_across, "across the R"),
     (traffic_no_errors, "ValueError"),
-    (traffic_fsdp_as_ddp, "expected"),
+    (traffic_fsdp_as_ddp, "an all-gather of the parameters in forward and again in backward"),
+    (traffic_zero2_three, "like DDP"),
+    (traffic_hsdp_default_shard, "hsdp needs a shard_size"),
 ])
 def test_traffic_bugs_fail(impl, expected):
     with pytest.raises(AssertionError) as err:

@@ -325,9 +325,10 @@ def expected_traffic(strategy: str, num_params: int, world_size: int, shard_size
 
 def check_traffic_per_step(traffic_per_step) -> None:
     """traffic_per_step for ddp, zero2, fsdp and hsdp on drawn sizes (one rank, 1 and N shard groups included);
-    ValueError for an unknown strategy and for an hsdp shard size that does not divide the world size."""
+    ValueError for an unknown strategy, an hsdp without a shard size, and one that does not divide the world size."""
     rng = random.Random(draw_seed())
-    cases = [("ddp", 1, None), ("fsdp", 1, None), ("hsdp", 8, 8), ("hsdp", 8, 1), ("hsdp", 16, 4), ("hsdp", 6, 2)]
+    cases = [("ddp", 1, None), ("fsdp", 1, None), ("zero2", 4, None), ("hsdp", 8, 8), ("hsdp", 8, 1), ("hsdp", 16, 4),
+             ("hsdp", 6, 2)]
     for _ in range(12):
         n = rng.choice([2, 3, 4, 6, 8, 16, 64])
         strategy = rng.choice(["ddp", "zero2", "fsdp", "hsdp"])
@@ -344,11 +345,17 @@ def check_traffic_per_step(traffic_per_step) -> None:
             raise AssertionError(f"traffic_per_step{args} raised {type(exc).__name__}: {exc}") from None
         want = expected_traffic(strategy, psi, n, s)
         if not isinstance(got, (int, float)) or not math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-9):
-            raise AssertionError(f"traffic_per_step{args} returned {got!r}, expected {want:.6g}"
-                                 + (f" = 3(S-1)/S·Ψ inside the shard group + 2(R-1)/R·Ψ/S across the R = {n // s} "
-                                    "replicas (each rank all-reduces only its shard's gradient)"
-                                    if strategy == "hsdp" else "") + ".")
-    for bad in (("tp", 100, 4), ("hsdp", 100, 6, 4), ("hsdp", 100, 4, 3)):
+            hints = {
+                "ddp": " = 2(N-1)/N·Ψ: a ring all-reduce of the gradients sends 2(N-1)/N of them per rank",
+                "zero2": " = 2(N-1)/N·Ψ, like DDP: a reduce-scatter of the gradients and an all-gather of the updated "
+                         "parameters, (N-1)/N·Ψ each",
+                "fsdp": " = 3(N-1)/N·Ψ: an all-gather of the parameters in forward and again in backward, a "
+                        "reduce-scatter of the gradients",
+                "hsdp": f" = 3(S-1)/S·Ψ inside the shard group + 2(R-1)/R·Ψ/S across the R = {n // s} replicas (each "
+                        "rank all-reduces only its shard's gradient)" if s else "",
+            }
+            raise AssertionError(f"traffic_per_step{args} returned {got!r}, expected {want:.6g}{hints[strategy]}.")
+    for bad in (("tp", 100, 4), ("hsdp", 100, 6, 4), ("hsdp", 100, 4, 3), ("hsdp", 100, 4)):
         try:
             traffic_per_step(*bad)
         except ValueError:
@@ -358,5 +365,5 @@ def check_traffic_per_step(traffic_per_step) -> None:
         except Exception as exc:
             raise AssertionError(f"traffic_per_step{bad} raised {type(exc).__name__}, expected ValueError.") from None
         raise AssertionError(f"traffic_per_step{bad} returned without a ValueError: "
-                             + ("unknown strategy." if bad[0] == "tp" else "the shard size must divide the world "
-                                "size."))
+                             + ("unknown strategy." if bad[0] == "tp" else "hsdp needs a shard_size." if len(bad) == 3
+                                else "the shard size must divide the world size."))
