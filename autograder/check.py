@@ -141,7 +141,7 @@ def check(path, timeout: float = CELL_TIMEOUT, stream=None, course_root=None) ->
         finally:
             if judge is not None:
                 judge.close()
-    earned, total = _report(nb, found, record, verdicts, stream)
+    earned, total, clean = _report(nb, found, record, verdicts, stream)
     if record.failure == "dead_kernel":
         print(f"\nThe kernel died while running {record.failure_cell}; later cells did not run.", file=stream)
     elif record.failure == "unresponsive":
@@ -159,16 +159,17 @@ def check(path, timeout: float = CELL_TIMEOUT, stream=None, course_root=None) ->
         print(f"\nLocal estimate: {earned:g} / {total:g} points from the visible tests.\n"
               "This is an estimate: grading also runs hidden tests, which are not in your copy, so your grade can be "
               "lower.", file=stream)
-    return 0 if earned == total and not record.failure else 1
+    return 0 if earned == total and clean and not record.failure else 1
 
 
-def _report(nb, found: list[Exercise], record, verdicts: dict | None, stream) -> tuple[float, float]:
-    """One line per exercise; returns (points earned, points in all)."""
+def _report(nb, found: list[Exercise], record, verdicts: dict | None, stream) -> tuple[float, float, bool]:
+    """One line per exercise, and one more per further problem; returns (points earned, points in all, whether
+    nothing failed)."""
     width = max(len(e.name) for e in found)
     total = sum(e.points for e in found)
-    earned = 0.0
+    earned, clean = 0.0, True
     for ex in found:
-        problems = []
+        own, problems = [], []   # the answer cell's own error comes first: it often causes the others
         for i in [ex.answer] + ex.tests:
             cell = nb.cells[i]
             if record.failure and cell.cell_type == "code" and cell.source.strip() \
@@ -177,7 +178,7 @@ def _report(nb, found: list[Exercise], record, verdicts: dict | None, stream) ->
                 break
             err = _error_line(cell)
             if err and not (verdicts is not None and nbgrader_meta(cell).get("grade")):
-                problems.append(f"{cell_label(cell, i)}: {err}")
+                (own if i == ex.answer else problems).append(f"{cell_label(cell, i)}: {err}")
         hidden = [(nbgrader_meta(nb.cells[i])["grade_id"], verdicts.get(nbgrader_meta(nb.cells[i])["grade_id"]))
                   for i in ex.tests if verdicts is not None and nbgrader_meta(nb.cells[i]).get("grade")]
         failed_hidden = [f"{gid}: {v[1]}" for gid, v in hidden if v is not None and v[1] is not None]
@@ -185,17 +186,20 @@ def _report(nb, found: list[Exercise], record, verdicts: dict | None, stream) ->
         if verdicts is not None:
             points = sum(v[0] for _, v in hidden if v is not None)
             earned += points
-            problems = failed_hidden + problems
-            verdict = ("ok    hidden tests passed" if not problems else "FAIL  " + problems[0]
-                       + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+            problems = own + failed_hidden + problems
+            verdict = "ok    hidden tests passed" if not problems else "FAIL  " + problems[0]
             if not failed_hidden and problems:
                 verdict = "ok    hidden tests passed, but " + problems[0]
-        elif problems:
-            verdict = "FAIL  " + problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+        elif own or problems:
+            problems = own + problems
+            verdict = "FAIL  " + problems[0]
         elif not checked:
             verdict = "----  no visible test for this exercise"
         else:
             verdict = "ok    visible tests passed"
             earned += ex.points
+        clean = clean and not problems
         print(f"  {ex.name.ljust(width)}  {ex.points:>4g} pts  {verdict}", file=stream)
-    return earned, total
+        for more in problems[1:]:
+            print(f"  {' ' * width}            also: {more}", file=stream)
+    return earned, total, clean

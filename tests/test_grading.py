@@ -188,6 +188,16 @@ def test_check_shows_the_failing_visible_test(tmp_path):
     assert "Local estimate: 1 / 5" in proc.stdout
 
 
+def test_check_names_the_answer_cells_own_error_first_and_every_other_problem(tmp_path):
+    nb = demo.good()
+    nb.cells[demo.index(nb, "mean")].source = "def mean(xs)\n    return 0"   # a syntax error
+    proc = demo.cli("check", _copy_nb(tmp_path, nb))
+    assert proc.returncode == 1
+    line = next(line for line in proc.stdout.splitlines() if line.split()[:1] == ["mean"])
+    assert "FAIL" in line and "SyntaxError" in line, proc.stdout
+    assert "also: `test_mean_visible`" in proc.stdout and "(and " not in proc.stdout, proc.stdout
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the repair done before nbgrader sees a submission (no kernels)
 
