@@ -35,6 +35,16 @@ def divisible(size, t, what):
         raise ValueError(f"{what}={size} does not split over t={t} ranks")
 
 
+
+@pytest.fixture(autouse=True)
+def _fresh_failures():
+    """Each test starts as a fresh judge does: no earlier exercise has failed."""
+    import autograder.checks.tensor_parallel as tp_checks
+
+    tp_checks._FAILED.clear()
+    yield
+    tp_checks._FAILED.clear()
+
 class _Copy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
@@ -668,3 +678,25 @@ def test_attention_bugs_fail(impl, expected):
     with pytest.raises(AssertionError) as info:
         check_ParallelAttention(impl)
     assert expected in str(info.value), str(info.value)
+
+
+class ColumnOnBadCopy(Column):
+    copy = staticmethod(lambda x, group=None: copy_is_g(x, group))   # the layer is right, its f is not
+
+
+def test_a_failure_names_the_earlier_exercise_it_is_built_on():
+    """Messages only: after copy_to_tp failed its own check, a failing ColumnParallelLinear says it uses it; after
+    copy_to_tp passed, it does not."""
+    import autograder.checks.tensor_parallel as tp_checks
+
+    tp_checks._FAILED.clear()
+    with pytest.raises(AssertionError):
+        check_copy_to_tp(copy_is_g)
+    with pytest.raises(AssertionError, match=r"^\(copy_to_tp failed its own test above, and ColumnParallelLinear "
+                                             r"uses it: fix that first\.\) "):
+        check_ColumnParallelLinear(ColumnOnBadCopy)
+    check_copy_to_tp(copy_ok)
+    with pytest.raises(AssertionError) as info:
+        check_ColumnParallelLinear(ColumnOnBadCopy)
+    assert "failed its own test" not in str(info.value)
+    tp_checks._FAILED.clear()

@@ -31,6 +31,33 @@ from .._common import draw_seed
 from .harness import _run
 from .probes import _fg_shape, _probe_attention, _probe_column, _probe_fg, _probe_mlp, _probe_row
 
+#: Exercises whose check failed in this process (the hidden tests run in order, one notebook per judge), and what
+#: each later exercise is built on: a failure downstream says which earlier one may cause it. Messages only.
+_FAILED: set[str] = set()
+_BUILT_ON = {
+    "ColumnParallelLinear": ("copy_to_tp",),
+    "RowParallelLinear": ("reduce_from_tp",),
+    "ParallelMLP": ("copy_to_tp", "reduce_from_tp", "ColumnParallelLinear", "RowParallelLinear"),
+    "ParallelAttention": ("copy_to_tp", "reduce_from_tp", "ColumnParallelLinear", "RowParallelLinear"),
+}
+
+
+def _checked(name, run):
+    """Run one exercise's check; remember a failure, and lead a failure with the earlier ones it may come from."""
+    try:
+        run()
+    except AssertionError as exc:
+        _FAILED.add(name)
+        causes = [c for c in _BUILT_ON.get(name, ()) if c in _FAILED]
+        if not causes:
+            raise
+        raise AssertionError(f"({' and '.join(causes)} failed {'its' if len(causes) == 1 else 'their'} own test "
+                             f"above, and {name} uses {'it' if len(causes) == 1 else 'them'}: fix "
+                             f"{'that' if len(causes) == 1 else 'those'} first.) {exc}") from None
+    else:
+        _FAILED.discard(name)
+
+
 __all__ = [
     "check_copy_to_tp",
     "check_reduce_from_tp",
@@ -45,14 +72,17 @@ def check_copy_to_tp(copy_to_tp) -> None:
     """f: identity in forward with no communication; one all-reduce (sum) of the gradient in backward, over
     ``group``; input untouched."""
     seed = draw_seed()
-    _run(_probe_fg, "copy_to_tp", copy_to_tp, seed, _fg_shape(random.Random(seed)), what="copy_to_tp", seed=seed)
+    shape = _fg_shape(random.Random(seed))
+    _checked("copy_to_tp", lambda: _run(_probe_fg, "copy_to_tp", copy_to_tp, seed, shape, what="copy_to_tp",
+                                        seed=seed))
 
 
 def check_reduce_from_tp(reduce_from_tp) -> None:
     """g: one all-reduce (sum) over ``group`` in forward, input untouched; identity in backward, no communication."""
     seed = draw_seed()
-    _run(_probe_fg, "reduce_from_tp", reduce_from_tp, seed, _fg_shape(random.Random(seed)), what="reduce_from_tp",
-         seed=seed)
+    shape = _fg_shape(random.Random(seed))
+    _checked("reduce_from_tp", lambda: _run(_probe_fg, "reduce_from_tp", reduce_from_tp, seed, shape,
+                                            what="reduce_from_tp", seed=seed))
 
 
 def check_ColumnParallelLinear(ColumnParallelLinear) -> None:
@@ -60,7 +90,8 @@ def check_ColumnParallelLinear(ColumnParallelLinear) -> None:
     rank's slice of the dense output (or all of it with gather_output=True); input and weight gradients equal the
     dense ones; no communication in forward (one all-gather when gathering), one all-reduce in backward."""
     seed = draw_seed()
-    _run(_probe_column, ColumnParallelLinear, seed, what="ColumnParallelLinear", seed=seed)
+    _checked("ColumnParallelLinear",
+             lambda: _run(_probe_column, ColumnParallelLinear, seed, what="ColumnParallelLinear", seed=seed))
 
 
 def check_RowParallelLinear(RowParallelLinear) -> None:
@@ -68,14 +99,15 @@ def check_RowParallelLinear(RowParallelLinear) -> None:
     with the bias added once; gradients equal the dense ones; one all-reduce in forward, none in backward (one
     all-gather with input_is_parallel=False)."""
     seed = draw_seed()
-    _run(_probe_row, RowParallelLinear, seed, what="RowParallelLinear", seed=seed)
+    _checked("RowParallelLinear",
+             lambda: _run(_probe_row, RowParallelLinear, seed, what="RowParallelLinear", seed=seed))
 
 
 def check_ParallelMLP(ParallelMLP) -> None:
     """fc1 column-parallel, fc2 row-parallel, only this rank's shards kept; output, input gradient and shard
     gradients equal the dense MLP's; exactly one all-reduce of b*s*h elements in forward and one in backward."""
     seed = draw_seed()
-    _run(_probe_mlp, ParallelMLP, seed, what="ParallelMLP", seed=seed)
+    _checked("ParallelMLP", lambda: _run(_probe_mlp, ParallelMLP, seed, what="ParallelMLP", seed=seed))
 
 
 def check_ParallelAttention(ParallelAttention) -> None:
@@ -83,5 +115,5 @@ def check_ParallelAttention(ParallelAttention) -> None:
     shards kept; output, input gradient and shard gradients equal the dense attention's; exactly one all-reduce of
     b*s*h elements in forward and one in backward."""
     seed = draw_seed()
-    _run(_probe_attention, ParallelAttention, seed, what="ParallelAttention", seed=seed,
-         configs=((2, 2), (3, 3), (4, 4), (4, 2), (1, 1)))
+    _checked("ParallelAttention", lambda: _run(_probe_attention, ParallelAttention, seed, what="ParallelAttention",
+                                               seed=seed, configs=((2, 2), (3, 3), (4, 4), (4, 2), (1, 1))))
