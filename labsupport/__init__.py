@@ -19,7 +19,7 @@ import os as _os
 
 from .comm import CommCounter, CommCall
 from .display import show_table
-from .visible import require_passed
+from .visible import require_passed, require_visible
 from .launch import WorkerError, WorkerTimeout, device, in_worker, run, shutdown
 from .timeline import Timeline
 from ._pool import start_early as _start_early
@@ -38,6 +38,7 @@ __all__ = [
     "grading",
     "show_table",
     "require_passed",
+    "require_visible",
 ]
 
 

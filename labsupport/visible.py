@@ -21,7 +21,7 @@ import hashlib
 import linecache
 import os
 
-__all__ = ["require_passed", "register"]
+__all__ = ["require_passed", "require_visible", "register"]
 
 #: exercise name -> {cell hash: whether that visible-test cell passed in its latest run}
 _RESULTS: dict[str, dict[str, bool]] = {}
@@ -49,6 +49,16 @@ def require_passed(name: str) -> None:
         raise AssertionError(f"{name}: its visible tests did not run, or it is not implemented yet.")
     if not all(results.values()):
         raise AssertionError(f"{name}: its visible tests do not pass yet.")
+
+
+def require_visible(name: str) -> None:
+    """For a demo that runs exercise ``name``: raise ``NotImplementedError`` unless its visible tests passed in this
+    kernel. A demo that catches it says "skipped" at once, where an exercise that deadlocks would make it wait for
+    its time limit (and every demo after it too)."""
+    results = _RESULTS.get(name, {})
+    if not results or not all(results.values()):
+        raise NotImplementedError(f"{name} has not passed its visible test in this kernel yet (run that cell after "
+                                  "changing it); this demo uses it")
 
 
 def _visible_test(line: str, cell: str) -> None:

@@ -87,3 +87,20 @@ def test_a_bad_name_is_a_clear_error():
     nb = _notebook(DONE, "pass")
     nb.cells[2].source = "%%visible_test not a name\npass"
     assert "%%visible_test takes the exercise's name" in _error(nb)
+
+
+@pytest.mark.parametrize("answer, runs", [(DONE, True), (WRONG, False), (UNDONE, False)])
+def test_a_demo_skips_at_once_unless_the_exercise_passed_its_visible_test(answer, runs):
+    """``require_visible`` in a demo: it runs after a passing visible test; after a failing one (which stops Run All,
+    so the demo is run by hand or while grading) or an unwritten exercise, it raises NotImplementedError at once."""
+    nb = _notebook(answer, "assert f() == 1", grade="pass")
+    nb.cells[4].source = ('try:\n    labsupport.require_visible("f")\n    print("the demo ran")\n'
+                          'except NotImplementedError as exc:\n    print("skipped:", exc)')
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    client = NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True)
+    client.execute()
+    out = "".join(o.get("text", "") for o in nb.cells[4].outputs if o.output_type == "stream")
+    if runs:
+        assert "the demo ran" in out, out
+    else:
+        assert "skipped: f has not passed its visible test in this kernel yet" in out, out
