@@ -50,7 +50,9 @@ def _error_line(cell) -> str | None:
             ename, value = out.get("ename"), str(out.get("evalue", "")).strip().splitlines()
             if ename == "NotImplementedError" or (value and "NotImplementedError" in value[-1]):
                 return "not implemented yet (it raises NotImplementedError)"
-            return f"{ename}: {value[-1]}" if value else str(ename)
+            # a labsupport error leads with what happened on which rank (its last line says who was stopped)
+            line = value[0] if ename in ("WorkerError", "WorkerTimeout") else value[-1] if value else ""
+            return f"{ename}: {line}" if line else str(ename)
     return None
 
 

@@ -251,6 +251,25 @@ def simulate_forgets_forward_on_same_stage(schedule, t_fwd, t_bwd):
     return {"makespan": out["makespan"], "bubble_fraction": out["bubble_fraction"], "busy": busy[:p]}
 
 
+def simulate_backward_waits_wrong_neighbour(schedule, t_fwd, t_bwd):
+    """A backward waits for stage s-1's backward instead of stage s+1's."""
+    where = {(s, op, mb): k for s, ops in enumerate(schedule) for k, (op, mb) in enumerate(ops)}
+
+    @functools.lru_cache(maxsize=None)
+    def finish(s, k):
+        op, mb = schedule[s][k]
+        ready = finish(s, k - 1) if k else 0.0
+        if s > 0:
+            ready = max(ready, finish(s - 1, where[(s - 1, op, mb)]))
+        return ready + (t_fwd if op == "F" else t_bwd)
+
+    busy = [[(finish(s, k) - (t_fwd if op == "F" else t_bwd), finish(s, k), op, mb) for k, (op, mb) in enumerate(ops)]
+            for s, ops in enumerate(schedule)]
+    makespan = max(row[-1][1] for row in busy)
+    work = sum(e - b for row in busy for b, e, _, _ in row)
+    return {"makespan": makespan, "bubble_fraction": 1 - work / (len(schedule) * makespan), "busy": busy}
+
+
 def simulate_mutates(schedule, t_fwd, t_bwd):
     out = pp.reference_simulate(schedule, t_fwd, t_bwd)
     schedule[0].reverse()
@@ -264,6 +283,7 @@ def test_simulator_accepts_correct():
 
 @pytest.mark.parametrize("bad, match", [
     (simulate_no_cross_stage, "That is one stage's own work"),
+    (simulate_backward_waits_wrong_neighbour, "a backward for its backward on stage s\\+1"),
     (simulate_one_stage_bubble, r"bubble_fraction .* expected \(p - 1\)/\(m \+ p - 1\)"),
     (simulate_forgets_forward_on_same_stage, r"busy\[0\]\[0\]"),
     (simulate_mutates, "changed the schedule"),

@@ -193,7 +193,10 @@ def check_simulate_schedule(simulate_schedule) -> None:
                 serial = cm * (tf + tb)
                 hint = (" That is one stage's own work: a forward on stage s must also wait for the same micro-batch's "
                         "forward on stage s-1 to finish (and a backward for stage s+1's backward)."
-                        if math.isclose(makespan, serial, rel_tol=1e-9) and cp > 1 else "")
+                        if math.isclose(makespan, serial, rel_tol=1e-9) and cp > 1 else
+                        " Each operation starts when its stage is free and what it waits for has finished: a forward "
+                        "waits for the same micro-batch's forward on stage s-1, a backward for its backward on stage "
+                        "s+1 (and this stage's own forward of it).")
                 raise AssertionError(f"simulate_schedule ({label}): makespan {makespan:g}, expected "
                                      f"(m + p - 1)(t_fwd + t_bwd) = {want:g}.{hint}")
             want_b = (cp - 1) / (cm + cp - 1)

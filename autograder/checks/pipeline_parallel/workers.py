@@ -121,7 +121,7 @@ def _pipeline_case(run_pipeline, num_layers: int, m: int, kind: str, rows: int, 
         except Exception as exc:
             # raise at once (no agreement round): a neighbour may wait for a message this rank will never send,
             # and the launcher stops the other ranks when one fails
-            text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            text = " ".join(str(exc).split())
             hint = ""
             if "NoneType" in str(exc):
                 hint = (" A tensor was None: if it is the received activation's .grad, make the received tensor a "
