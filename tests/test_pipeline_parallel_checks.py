@@ -334,7 +334,7 @@ def test_in_flight_rejects(bad):
 
 
 def run_ok(stage_module, schedule, microbatches, targets, loss_fn, *, reuse_buffer=False, no_leaf=False,
-           grad_to=-1, blocking=False, average=True, ignore_schedule=False):
+           grad_to=-1, blocking=False, average=True, ignore_schedule=False, drop_requests=False):
     rank, p = dist.get_rank(), dist.get_world_size()
     first, last = rank == 0, rank == p - 1
     m = len(microbatches)
@@ -356,6 +356,8 @@ def run_ok(stage_module, schedule, microbatches, targets, loss_fn, *, reuse_buff
                 total += y.item()
             elif blocking:
                 dist.send(y.detach(), dst=rank + 1)
+            elif drop_requests:                 # the request is never waited on
+                dist.isend(y.detach(), dst=rank + 1)
             else:
                 pending.append(dist.isend(y.detach(), dst=rank + 1))
             inputs[mb], outputs[mb] = x, y
@@ -438,6 +440,13 @@ def test_run_pipeline_rejects(kwargs, match):
 def test_run_pipeline_deadlocks_are_reported(kwargs):
     with pytest.raises(AssertionError, match="deadlock|exchanged messages with rank"):
         check_run_pipeline(functools.partial(run_ok, **kwargs), world_sizes=(3,), timeout=DEADLOCK_TIMEOUT)
+
+
+def test_unwaited_requests_are_named_when_every_rank_waits_to_receive():
+    with pytest.raises(AssertionError) as info:
+        check_run_pipeline(functools.partial(run_ok, drop_requests=True), world_sizes=(2,), timeout=DEADLOCK_TIMEOUT)
+    assert "Every rank was waiting to receive: a message sent with isend whose request was never waited on" in \
+        str(info.value), str(info.value)
 
 
 def test_run_pipeline_not_implemented():

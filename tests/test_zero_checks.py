@@ -252,6 +252,29 @@ class Zero1Todo:
         raise NotImplementedError()
 
 
+class Zero1OnlyOwnerCalls(Zero1ByParam):
+    """Only the owner calls reduce and broadcast: the ranks' collectives no longer match."""
+
+    @torch.no_grad()
+    def step(self):
+        for p in self.params:
+            if self.owner[p] == self.rank:
+                dist.reduce(p.grad, dst=self.rank)
+                p.grad /= self.world
+        if self.optim is not None:
+            self.optim.step()
+        for p in self.params:
+            if self.owner[p] == self.rank:
+                dist.broadcast(p, src=self.rank)
+
+
+def test_collectives_called_by_the_owner_only_are_explained():
+    with pytest.raises(AssertionError) as info:
+        check_ShardedOptimizer(Zero1OnlyOwnerCalls)
+    text = str(info.value)
+    assert "every rank must make the same collective calls" in text or "deadlocked" in text, text
+
+
 def test_round_robin_owners_are_named_unbalanced():
     with pytest.raises(AssertionError, match="the shares are unbalanced"):
         check_ShardedOptimizer(Zero1RoundRobin)

@@ -41,10 +41,15 @@ def run_on_workers(probe, *args, world_size: int, what: str, timeout: float | No
                 f"{what} deadlocked with world_size={world_size}: {', '.join(left)} had returned from {what} while "
                 f"{'; '.join(inside)}. Every rank must make the same collective calls, even one with nothing to send."
             ) from None
+        if lines and all(" in recv" in line or " in irecv" in line or "wait() for irecv" in line for line in lines):
+            advice = ("Every rank was waiting to receive: a message sent with isend whose request was never waited "
+                      "on may never be delivered; keep each request and wait() on it before returning.")
+        else:
+            advice = ("Check that every send has a matching recv on the other rank, and that blocking sends cannot "
+                      "wait on each other in a cycle.")
         raise AssertionError(
             f"{what} did not finish within {timeout:g} s with world_size={world_size}: it deadlocked "
-            f"(a rank waited for a message that never came). {where}. Check that every send has a matching "
-            "recv on the other rank, and that blocking sends cannot wait on each other in a cycle."
+            f"(a rank waited for a message that never came). {where}. {advice}"
         ) from None
     except labsupport.WorkerError as exc:
         if exc.exc_type == "AssertionError":
@@ -52,8 +57,11 @@ def run_on_workers(probe, *args, world_size: int, what: str, timeout: float | No
         if exc.exc_type == "NotImplementedError":
             raise AssertionError(f"{what} is not implemented yet (it raised NotImplementedError).") from None
         if exc.exc_type is None:
+            mismatch = (" In a collective this usually means the ranks disagreed: every rank must make the same "
+                        "collective calls in the same order with the same sizes (dist.reduce or dist.broadcast is "
+                        "called by all ranks, not only by the root)." if "SIGABRT" in str(exc.exc_message) else "")
             raise AssertionError(
-                f"{what} crashed a worker with world_size={world_size}: rank {exc.rank} {exc.exc_message}."
+                f"{what} crashed a worker with world_size={world_size}: rank {exc.rank} {exc.exc_message}.{mismatch}"
             ) from None
         tb = exc.worker_traceback.strip()
         raise AssertionError(
