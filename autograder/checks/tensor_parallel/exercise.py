@@ -12,6 +12,14 @@ from .._common import call_student as _call, short
 from .harness import ELSEWHERE, _agree, _close, _comm_failure, _recorded
 from .shards import _grad_failure, _match, _memory_failure
 
+
+def _largest_difference(got, want) -> str:
+    """``", largest |difference| 1.2e-04"`` when the shapes match (values that print alike may still differ)."""
+    if isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype == want.dtype:
+        return f", largest |difference| {(got.detach() - want).abs().max().item():.1e}"
+    return ""
+
+
 def _exercise(label, module, dense, before, x, G, want_out, want_xgrad, shards, fwd, bwd, ranks, t, r, *,
               pinned=None, out_cause=None, xgrad_cause=None, fwd_hint="", bwd_hint="", scaled_hint=""):
     """Everything one parallel module must get right, in order; a message for the first thing wrong, or None.
@@ -49,7 +57,8 @@ def _exercise(label, module, dense, before, x, G, want_out, want_xgrad, shards, 
             failure = f"{where}: the forward returned {type(out).__name__}, expected a tensor."
         else:
             cause = (out_cause(out) if out_cause else "") or ""
-            failure = f"{where}: {cause + ' ' if cause else ''}output {short(out, 4)}, expected {short(want_out, 4)}."
+            failure = (f"{where}: {cause + ' ' if cause else ''}output {short(out, 4)}, expected {short(want_out, 4)}"
+                       f"{_largest_difference(out, want_out)}.")
     if failure is None and not out.requires_grad:
         failure = (f"{where}: the output does not require grad: the autograd graph was cut (dist collectives are "
                    "not differentiable; wrap them in a torch.autograd.Function).")
@@ -60,7 +69,7 @@ def _exercise(label, module, dense, before, x, G, want_out, want_xgrad, shards, 
     if failure is None and want_xgrad is not None and not _close(x.grad, want_xgrad):
         cause = (xgrad_cause(x.grad) if (xgrad_cause and x.grad is not None) else "") or ""
         failure = (f"{where}: {cause + ' ' if cause else ''}the input's gradient is {short(x.grad, 4)}, expected "
-                   f"{short(want_xgrad, 4)}.")
+                   f"{short(want_xgrad, 4)}{_largest_difference(x.grad, want_xgrad)}.")
     failure = failure or _grad_failure(pairs, t, f"{where}, backward", scaled_hint)
     if _agree(failure):
         return failure or ELSEWHERE
