@@ -431,6 +431,28 @@ class Zero2ShardView(Zero2Flat):
         self.optim = optimizer_cls([self.shard], **kwargs)
 
 
+class Zero2NoPadding(Zero2Flat):
+    """S = Ψ // N and no padding: right when N divides Ψ, a size mismatch in the collectives otherwise."""
+
+    def __init__(self, params, optimizer_cls, **kwargs):
+        super().__init__(params, optimizer_cls, **kwargs)
+        self.size = self.total // self.world
+        flat = torch.cat([p.detach().reshape(-1) for p in self.params])
+        self.shard = flat[self.rank * self.size:(self.rank + 1) * self.size].clone()
+        self.optim = optimizer_cls([self.shard], **kwargs)
+
+    def _flat_grad(self):
+        flat = torch.cat([p.grad.reshape(-1) for p in self.params])
+        for p in self.params:
+            p.grad = None
+        return flat
+
+    def _sync(self):
+        full = torch.empty(self.total)
+        dist.all_gather(list(full.chunk(self.world)), self.shard)
+        self._unflatten(full)
+
+
 def test_zero2_correct_passes():
     check_Zero2Optimizer(Zero2Flat)
     check_Zero2Optimizer(Zero2Broadcast)
@@ -443,6 +465,7 @@ def test_zero2_correct_passes():
     (Zero2WithFrozen, "frozen"),
     (Zero2NoSync, "bring it the owner's updated values"),
     (Zero2ShardView, ".clone() your shard"),
+    (Zero2NoPadding, "padded with zeros"),
     (Zero1PlainOptimizer, "all-reduced"),
     (Zero1ByParam, "still holds the gradient of"),
 ])

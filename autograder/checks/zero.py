@@ -309,7 +309,14 @@ def _probe(cls, cls_name, zero2, seed):
             left = [names[id(p)] for p in model.parameters() if p.grad is not None and p.grad.abs().sum() > 0]
             _loss(model, x, y).backward()
             with CommCounter() as cc:
-                call_student(f"{cls_name}.step() (step {step})", opt.step)
+                try:
+                    call_student(f"{cls_name}.step() (step {step})", opt.step)
+                except AssertionError as exc:
+                    if zero2 and "sizes" in str(exc) and psi % world:
+                        raise AssertionError(f"Ψ = {psi} elements on {world} ranks do not split evenly: S = "
+                                             "ceil(Ψ/N), and the flat buffer padded with zeros to N·S elements, so "
+                                             f"that every chunk has S elements. {exc}") from None
+                    raise
             oracle_opt.zero_grad()
             _loss(oracle, X[step], Y[step]).backward()
             oracle_opt.step()
