@@ -9,6 +9,7 @@ which cell was running when the kernel died or stopped answering, so the reason 
 from __future__ import annotations
 
 import ast
+import atexit
 import os
 import time
 from dataclasses import dataclass, field
@@ -210,19 +211,31 @@ def run_notebook(nb, cwd: Path, timeout: float, env: dict | None = None, progres
     # The Python of this command, whatever kernel the notebook was last saved with (a student's own kernel name
     # may not exist here); jupyter_client maps "python3" to the running interpreter.
     kernel = "python3"
-    client = _Client(
-        nb, timeout=int(timeout), allow_errors=True, interrupt_on_timeout=True,
-        error_on_timeout=timeout_error(timeout), kernel_name=kernel, startup_timeout=120,
-        extra_arguments=["--IPKernelApp.log_level=ERROR"],
-        resources={"metadata": {"path": str(cwd)}},
-    )
-    try:
-        client.execute(env=env if env is not None else kernel_env())
-    except Exception as exc:
-        if record.failure is None:
-            record.failure, record.failure_cell = "error", f"{type(exc).__name__}: {exc}"
-    finally:
-        _remove_kernel_leftovers(env)
+    started = []   # cells that began to run: a failure before the first is the kernel's start
+
+    class _Counting(_Client):
+        async def async_execute_cell(self, cell, cell_index, execution_count=None, store_history=True):
+            started.append(cell_index)
+            return await super().async_execute_cell(cell, cell_index, execution_count, store_history)
+
+    for attempt in (1, 2):
+        client = _Counting(
+            nb, timeout=int(timeout), allow_errors=True, interrupt_on_timeout=True,
+            error_on_timeout=timeout_error(timeout), kernel_name=kernel, startup_timeout=120,
+            extra_arguments=["--IPKernelApp.log_level=ERROR"],
+            resources={"metadata": {"path": str(cwd)}},
+        )
+        try:
+            client.execute(env=env if env is not None else kernel_env())
+        except Exception as exc:
+            if not started and attempt == 1:   # e.g. a port taken by another process between choosing and binding
+                continue
+            if record.failure is None:
+                record.failure, record.failure_cell = "error", f"{type(exc).__name__}: {exc}"
+        finally:
+            atexit.unregister(client._cleanup_kernel)   # nbclient's own exit hook, left behind by a failed start
+            _remove_kernel_leftovers(env)
+        break
     return record
 
 

@@ -44,3 +44,31 @@ def test_each_notebook_is_highlighted_with_its_own_lexer(lexer):
     nb = _variants()[0]
     nb.metadata["language_info"] = {"name": "python", "pygments_lexer": lexer}
     assert f"hl-{lexer}" in feedback._exporter()[0].from_notebook_node(nb)[0]
+
+
+def test_a_kernel_that_fails_to_start_is_started_again(tmp_path):
+    """A kernel whose start fails before any cell ran (under load, a port chosen free can be taken before the kernel
+    binds it) is started once more, and the notebook runs."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    from autograder.execute import run_notebook
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(6 * 7)")])
+    real, failed, registered = NotebookClient.async_start_new_kernel, [], []
+
+    async def flaky_start(self, **kwargs):
+        registered.append(self._cleanup_kernel)
+        if not failed:
+            failed.append(1)
+            raise RuntimeError("Address already in use")   # what zmq says when the port was taken meanwhile
+        return await real(self, **kwargs)
+
+    NotebookClient.async_start_new_kernel = flaky_start
+    try:
+        record = run_notebook(nb, tmp_path, timeout=60)
+    finally:
+        NotebookClient.async_start_new_kernel = real
+    assert record.failure is None, (record.failure, record.failure_cell)
+    assert "42" in nb.cells[0].outputs[0]["text"]
+    assert len(registered) == 2
