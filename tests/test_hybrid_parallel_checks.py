@@ -283,7 +283,7 @@ def combine_skips_when_empty(expert_outputs, expert_of_token, num_experts):
 ])
 def test_moe_bugs_fail(check, impl, expected):
     with pytest.raises(AssertionError) as info:
-        check(impl)
+        check(impl, timeout=8)   # two of them deadlock
     assert expected in str(info.value), str(info.value)
     assert len(str(info.value)) <= 400, str(info.value)   # the feedback page cuts at 400: every word gets there
 

@@ -205,17 +205,17 @@ def _moe_probe(fn, seed, which):
     return True
 
 
-def _check_moe(fn, which):
+def _check_moe(fn, which, timeout):
     seed = draw_seed()
     for world in (2, 3, 4):
-        run_on_workers(_moe_probe, fn, seed, which, world_size=world, what=f"{which}_tokens", timeout=30)
+        run_on_workers(_moe_probe, fn, seed, which, world_size=world, what=f"{which}_tokens", timeout=timeout)
 
 
-def check_dispatch_tokens(dispatch_tokens):
+def check_dispatch_tokens(dispatch_tokens, timeout=30):
     """On 2, 3, 4 ranks: each expert's rows, in source-rank order, sent once through all-to-all."""
-    _check_moe(dispatch_tokens, "dispatch")
+    _check_moe(dispatch_tokens, "dispatch", timeout)
 
 
-def check_combine_tokens(combine_tokens):
+def check_combine_tokens(combine_tokens, timeout=30):
     """On 2, 3, 4 ranks: every token's expert output back at the token's position, through all-to-all."""
-    _check_moe(combine_tokens, "combine")
+    _check_moe(combine_tokens, "combine", timeout)
