@@ -289,11 +289,12 @@ def test_moe_bugs_fail(check, impl, expected):
 
 
 def test_mismatched_split_sizes_name_the_counts():
-    """Skipping the count exchange makes gloo abort one rank; whichever rank is reported, the message says why."""
+    """Skipping the count exchange makes gloo abort one rank (or, when the sizes happen to agree, misplaces rows);
+    whichever rank is reported, the message says why."""
     with pytest.raises(AssertionError) as info:
         check_dispatch_tokens(dispatch_no_count_exchange)
-    text = str(info.value)
-    assert "exchange the counts" in text or "crashed a worker" in text, text
+    text = str(info.value)   # the sizes may happen to agree: then the rows land in the wrong places
+    assert "exchange the counts" in text or "crashed a worker" in text or "should be a (" in text, text
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -83,6 +83,14 @@ def test_per_rank_finish_times():
     assert list(t) == [6, 4, 5, 6]  # the root finishes last; rank 1 gets the result first
 
 
+def test_fit_alpha_beta_never_gives_an_infinite_bandwidth():
+    """Noise on a busy machine (small messages slower than large ones) makes the fitted slope negative; beta is then
+    the largest message's time per byte, so 1 / beta (the bandwidth the notebook prints) exists."""
+    sizes = [4, 64, 1024, 16384]
+    a, b = netsim.fit_alpha_beta(sizes, [9e-5, 7e-5, 6e-5, 5e-5])
+    assert a >= 0 and b == 5e-5 / 16384
+
+
 def test_fit_alpha_beta_recovers_a_line():
     rng = np.random.default_rng(0)
     sizes = np.logspace(2, 24, 20, base=2)

@@ -295,8 +295,9 @@ def simulate(schedule: Schedule, topology, per_rank: bool = False):
 def fit_alpha_beta(sizes, times) -> tuple[float, float]:
     """Least-squares fit of ``time = alpha + size * beta`` to measured (bytes, seconds) pairs.
 
-    The fit minimises the *relative* error, so that 4-byte and 16-MiB messages count alike; both results are
-    clipped at zero.
+    The fit minimises the *relative* error, so that 4-byte and 16-MiB messages count alike. ``alpha`` is clipped at
+    zero; ``beta`` never is zero (a link of infinite bandwidth): when noise on a busy machine makes the fitted slope
+    zero or negative, it is the largest message's time per byte, an upper bound.
     """
     n = np.asarray(sizes, dtype=float)
     t = np.asarray(times, dtype=float)
@@ -304,4 +305,6 @@ def fit_alpha_beta(sizes, times) -> tuple[float, float]:
         raise ValueError("fit_alpha_beta needs at least two (size, time) pairs of the same length")
     a = np.stack([np.ones_like(n), n], axis=1) / t[:, None]
     (alpha, beta), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
-    return max(float(alpha), 0.0), max(float(beta), 0.0)
+    if not beta > 0:
+        beta = t[int(np.argmax(n))] / n.max()
+    return max(float(alpha), 0.0), float(beta)
