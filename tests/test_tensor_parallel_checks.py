@@ -45,6 +45,7 @@ def _fresh_failures():
     yield
     tp_checks._FAILED.clear()
 
+
 class _Copy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
@@ -310,12 +311,7 @@ def copy_world_group(x, group=None):        # ignores group
     return copy_ok(x, None)
 
 
-class _CopyInPlace(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return x.clone()
-
+class _CopyInPlace(_Copy):
     @staticmethod
     def backward(ctx, g):                   # all-reduces the caller's gradient tensor itself
         dist.all_reduce(g, group=ctx.group)
