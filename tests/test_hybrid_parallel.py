@@ -80,6 +80,35 @@ def test_plots_draw():
         matplotlib.pyplot.close(fig)
 
 
+def test_pipeline_arrows_pass_no_other_rank():
+    """tp=4, dp=2, pp=2: every pipeline arrow (its lines and its arrow head, as straight segments) keeps clear of
+    every rank's circle but the two it joins."""
+    import numpy as np
+
+    tp, dp, pp = 4, 2, 2
+    rank = lambda p, d, t: (p * dp + d) * tp + t  # noqa: E731
+    groups = {"tp": [[rank(p, d, t) for t in range(tp)] for p in range(pp) for d in range(dp)],
+              "dp": [[rank(p, d, t) for d in range(dp)] for p in range(pp) for t in range(tp)],
+              "pp": [[rank(p, d, t) for p in range(pp)] for d in range(dp) for t in range(tp)]}
+    fig = lesson.plot_parallel_groups(groups, tp * dp * pp)
+    ax = fig.axes[0]
+    circles = [p for p in ax.patches if isinstance(p, matplotlib.patches.Circle)]
+    assert len(circles) == tp * dp * pp
+    green = matplotlib.colors.to_rgba(lesson.plots._PP)
+    paths = [np.column_stack(line.get_data()) for line in ax.lines
+             if matplotlib.colors.to_rgba(line.get_color()) == green and len(line.get_xdata())]
+    paths += [np.array([a.xyann, a.xy]) for a in ax.texts if isinstance(a, matplotlib.text.Annotation)]
+    assert len(paths) == 2 * tp * dp  # a line and an arrow head per pipeline hop
+    for path in paths:
+        points = np.concatenate([np.linspace(a, b, 50) for a, b in zip(path, path[1:])])
+        for circle in circles:
+            distance = np.hypot(*(points - np.array(circle.center)).T)
+            touching = distance.min() < circle.radius
+            ends = min(np.hypot(*(path[0] - circle.center)), np.hypot(*(path[-1] - circle.center)))
+            assert not touching or ends < circle.radius, f"a pipeline arrow crosses the rank at {circle.center}"
+    matplotlib.pyplot.close(fig)
+
+
 def test_group_plot_refuses_groups_that_miss_a_rank():
     with pytest.raises(ValueError, match="missing"):
         lesson.plot_parallel_groups({"tp": [[0, 1]], "dp": [[0], [1]], "pp": [[0], [1]]}, 4)

@@ -38,12 +38,19 @@ def plot_parallel_groups(groups: dict, world_size: int, title: str | None = None
     dp = max(w["dp"] for w in where.values()) + 1
     tp = max(w["tp"] for w in where.values()) + 1
     gap = 1.2
-    xy = {r: (w["pp"] * (tp + gap) + w["tp"], -w["dp"]) for r, w in where.items()}
-    fig, ax = plt.subplots(figsize=(1.6 + 1.1 * pp * (tp + gap), 1.2 + 1.0 * dp))
+    # A pipeline arrow rises from its rank, runs right above the row and drops onto the next stage's rank; each
+    # tensor-parallel column runs at its own height, so the arrows neither cross a circle nor lie on each other.
+    rise = [0.42 + 0.11 * t for t in range(tp)]
+    row = max(1.0, rise[-1] + 0.5)          # distance between data-parallel rows: room for the highest arrow
+    top = rise[-1] + 0.35
+    xy = {r: (w["pp"] * (tp + gap) + w["tp"], -w["dp"] * row) for r, w in where.items()}
+    height = (dp - 1) * row + top + 0.9
+    fig, ax = plt.subplots(figsize=(1.6 + 1.1 * pp * (tp + gap), 0.6 + 1.0 * height))
     for s in range(pp):
         x0 = s * (tp + gap) - 0.55
-        ax.add_patch(plt.Rectangle((x0, -dp + 0.4), tp + 0.1, dp + 0.2, fill=False, ls=":", ec="grey"))
-        ax.text(x0 + (tp + 0.1) / 2, 0.75, f"pipeline stage {s}", ha="center", fontsize=9)
+        ax.add_patch(plt.Rectangle((x0, -(dp - 1) * row - 0.45), tp + 0.1, (dp - 1) * row + top + 0.25, fill=False,
+                                   ls=":", ec="grey"))
+        ax.text(x0 + (tp + 0.1) / 2, top + 0.05, f"pipeline stage {s}", ha="center", va="bottom", fontsize=9)
     for group in groups["tp"]:
         xs = [xy[r][0] for r in group]
         ax.add_patch(plt.Rectangle((min(xs) - 0.42, xy[group[0]][1] - 0.32), max(xs) - min(xs) + 0.84, 0.64,
@@ -53,8 +60,11 @@ def plot_parallel_groups(groups: dict, world_size: int, title: str | None = None
     for group in groups["pp"]:
         for a, b in zip(group, group[1:]):
             (xa, ya), (xb, yb) = xy[a], xy[b]
-            ax.annotate("", xy=(xb - 0.3, yb + 0.12), xytext=(xa + 0.3, ya + 0.12),
-                        arrowprops=dict(arrowstyle="->", color=_PP, lw=1.2, connectionstyle="arc3,rad=-0.15"))
+            y = max(ya, yb) + rise[where[a]["tp"]]
+            # off the circles' centre line, where a data-parallel line may run
+            ax.plot([xa + 0.13, xa + 0.13, xb - 0.13], [ya + 0.22, y, y], color=_PP, lw=1.2, zorder=1)
+            ax.annotate("", xy=(xb - 0.13, yb + 0.23), xytext=(xb - 0.13, y),
+                        arrowprops=dict(arrowstyle="->", color=_PP, lw=1.2, shrinkA=0, shrinkB=0))
     for r, (x, y) in xy.items():
         ax.add_patch(plt.Circle((x, y), 0.26, color="white", ec="black", zorder=2))
         ax.text(x, y, str(r), ha="center", va="center", fontsize=10, zorder=3)
@@ -63,7 +73,7 @@ def plot_parallel_groups(groups: dict, world_size: int, title: str | None = None
     ax.plot([], [], color=_PP, lw=1.2, label=f"pipeline group ({pp} ranks)")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=3, fontsize=8, frameon=False)
     ax.set_xlim(-0.8, pp * (tp + gap) - gap + 0.3)
-    ax.set_ylim(-dp + 0.2, 1.1)
+    ax.set_ylim(-(dp - 1) * row - 0.6, top + 0.45)
     ax.set_aspect("equal")
     ax.axis("off")
     ax.set_title(title or f"{world_size} ranks: tp={tp}, dp={dp}, pp={pp} (rows: data-parallel replicas)", fontsize=10)
