@@ -14,6 +14,12 @@ A shared machine's speed drifts by tens of percent within minutes. ``--rounds R`
 turn R times and gives each speed-up as the median of the ratios within a round (runs back to back), next to what
 bounds it: how much of the machine a serial run already uses, and how well this machine runs two processes at once
 (``benchmarks/machine.py``; ``--no-ceiling`` skips it).
+
+Two bounds are printed from the serial run, whose cores are sampled every 0.2 s. ``cores / cores busy`` holds if
+the other jobs fill every moment one job waits. Copies of one notebook, however, run in step: their waits (a cell's
+time-out, such as 01's deadlock demo) come at the same moments, and while they work each already keeps more than one
+core busy (the ranks of a run, the judge beside the kernel). For that case the bound is
+``cores / (waiting share + working share x cores busy while working)``.
 """
 
 from __future__ import annotations
@@ -28,12 +34,15 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 CPU: dict[int, float] = {}  # --jobs -> CPU seconds of the grading command and the processes it waited for
 MACHINE_CPU: dict[int, float] = {}  # --jobs -> CPU seconds the whole machine used meanwhile (Linux), every process
+PROFILE: dict[int, list[tuple[float, float]]] = {}  # --jobs -> [(seconds, cores busy)], sampled during the run
+IDLE = 0.15  # fewer cores busy than this: the machine waits (a notebook's time-out, a deadlock demo)
 
 
 def machine_cpu() -> float | None:
@@ -51,6 +60,45 @@ def machine_cpu() -> float | None:
     return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
+class Sampler(threading.Thread):
+    """How many cores the machine keeps busy, sampled from /proc/stat every ``every`` seconds while it runs."""
+
+    def __init__(self, every: float = 0.2):
+        super().__init__(daemon=True)
+        self.every, self.samples, self.halt = every, [], threading.Event()
+
+    def run(self):
+        last, at = machine_cpu(), time.perf_counter()
+        while last is not None and not self.halt.wait(self.every):
+            now, t = machine_cpu(), time.perf_counter()
+            self.samples.append((t - at, (now - last) / (t - at)))
+            last, at = now, t
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.halt.set()
+        self.join()
+
+
+def waits(samples: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """(share of the time no core is busy, cores busy the rest of the time), or None without samples."""
+    total = sum(dt for dt, _ in samples)
+    active = [(dt, c) for dt, c in samples if c >= IDLE]
+    if not total or not active:
+        return None
+    busy_time = sum(dt for dt, _ in active)
+    return 1 - busy_time / total, sum(dt * c for dt, c in active) / busy_time
+
+
+def in_step_bound(idle: float, busy: float, cores: int) -> float:
+    """The speed-up of ``cores`` jobs over one when each runs the same notebook in step: their waits coincide, and
+    while they work they ask for ``cores * busy`` cores."""
+    return cores / (idle + (1 - idle) * max(1.0, busy))
+
+
 def grade(subs: Path, out: Path, jobs: int, course: Path, assignment: str | None, package: Path = REPO) -> float:
     cmd = [sys.executable, "-m", "autograder", "grade", str(subs), "--jobs", str(jobs), "--out", str(out),
            "--course", str(course)]
@@ -61,7 +109,9 @@ def grade(subs: Path, out: Path, jobs: int, course: Path, assignment: str | None
     machine = machine_cpu()
     started = time.perf_counter()
     cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.run(cmd, cwd=package, env=env, capture_output=True, text=True, check=False)
+    with Sampler() as sampler:
+        proc = subprocess.run(cmd, cwd=package, env=env, capture_output=True, text=True, check=False)
+    PROFILE[jobs] = sampler.samples
     seconds = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     CPU[jobs] = (after.ru_utime - cpu.ru_utime) + (after.ru_stime - cpu.ru_stime)
@@ -140,6 +190,7 @@ def main() -> int:
                   "representative", flush=True)
         times: dict[int, list[float]] = {j: [] for j in args.jobs}
         busy: dict[int, list[float]] = {j: [] for j in args.jobs}
+        profiles: dict[int, list[tuple[float, float]]] = {j: [] for j in args.jobs}
         for round_ in range(args.rounds):
             if args.rounds > 1:
                 print(f"round {round_ + 1} of {args.rounds}", flush=True)
@@ -150,6 +201,7 @@ def main() -> int:
                 times[jobs].append(seconds)
                 if jobs in MACHINE_CPU:
                     busy[jobs].append(MACHINE_CPU[jobs] / seconds)
+                profiles[jobs].append(waits(PROFILE.get(jobs, [])))
                 print(f"  --jobs {jobs}: {seconds:7.1f} s  ({seconds / n:.1f} s per notebook, "
                       f"{CPU[jobs] / n:.1f} CPU s per notebook"
                       + (f"; the machine: {MACHINE_CPU[jobs] / n:.1f} CPU s per notebook, "
@@ -166,7 +218,15 @@ def main() -> int:
             serial = statistics.median(busy[base])
             cores = os.cpu_count() or 1
             print(f"  a serial run keeps {serial:.2f} cores busy: with no overhead at all, {cores} cores give at most "
-                  f"{cores / serial:.2f}x")
+                  f"{cores / serial:.2f}x, if the other jobs' work fills every wait of each")
+            shape = [p for p in profiles[base] if p is not None]
+            if shape:
+                idle = statistics.median(p[0] for p in shape)
+                active = statistics.median(p[1] for p in shape)
+                print(f"  it waits with no core busy {idle:.0%} of the time (a notebook's time-outs, e.g. a deadlock "
+                      f"demo) and keeps {active:.2f} cores busy the rest (the ranks of a run, the judge): {cores} jobs "
+                      f"grading the same notebook in step wait together, which gives at most "
+                      f"{in_step_bound(idle, active, cores):.2f}x")
         if args.ceiling:
             sys.path.insert(0, str(Path(__file__).resolve().parent))
             import machine

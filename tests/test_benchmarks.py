@@ -65,7 +65,22 @@ def test_grading_benchmark_rounds_on_the_demo_course():
     assert re.search(r"speed-up with --jobs 2: [\d.]+x \(rounds: [\d.]+x, [\d.]+x\)", out), out
     assert re.search(r"a serial run keeps [\d.]+ cores busy: with no overhead at all, \d+ cores give at most [\d.]+x",
                      out), out
+    assert re.search(r"it waits with no core busy \d+% of the time .* keeps [\d.]+ cores busy the rest .* in step "
+                     r"wait together, which gives at most [\d.]+x", out, flags=re.S), out
     assert "warning" not in out, out
+
+
+def test_the_in_step_bound():
+    """A quarter of the time waiting, 1.5 cores the rest: two jobs in step need 0.25 + 0.75 * 1.5 of a serial run's
+    time for two notebooks; a run that never waits and uses one core allows 2x."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import grading
+
+    idle, busy = grading.waits([(1.0, 0.02), (1.0, 1.5), (2.0, 1.5)])
+    assert (round(idle, 6), round(busy, 6)) == (0.25, 1.5)
+    assert round(grading.in_step_bound(idle, busy, 2), 4) == round(2 / 1.375, 4)
+    assert grading.in_step_bound(0.0, 1.0, 2) == 2.0
+    assert grading.waits([]) is None
 
 
 def test_machine_benchmark_prints_each_workload():
