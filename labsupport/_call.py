@@ -19,6 +19,7 @@ import time
 from ._frames import dump_complete, format_frames, parse_faulthandler
 from ._output import RankOutput
 from ._pool import _cores, _loopback_ifname, _Pool, _Worker
+from ._native import native_error
 from .errors import Failure, WorkerError, WorkerTimeout, deadlock_report
 
 _FAILURE_GRACE = 0.4  # seconds to collect the other ranks' errors after the first failure
@@ -156,7 +157,8 @@ class _Call:
                     self._drain(w)
                     if w.index not in self.results and w.index not in self.failures:
                         w.process.join(timeout=1)
-                        self.failures[w.index] = Failure.died(w.index, w.process.exitcode)
+                        self.failures[w.index] = Failure.died(w.index, w.process.exitcode,
+                                                              native_error(w.stack_file))
             if self.failures and first_failure is None:
                 first_failure = time.monotonic()
         if self.failures:

@@ -38,6 +38,7 @@ from . import _pickling  # rebuilds functions and classes defined in a notebook
 from . import tap as _tap
 from ._callboard import install as _install_call_board
 from ._callboard import post_current as _post_current_call
+from ._native import native_log
 
 # Set per task; read by labsupport.device() and labsupport.in_worker().
 CURRENT: dict = {}
@@ -284,6 +285,11 @@ def main(conn, stack_file: str, board_file: str | None = None) -> None:
     # On request (SIGUSR1), write every thread's Python stack: works even while blocked inside gloo.
     stack_fh = open(stack_file, "a")  # append: the notebook truncates it before each dump
     faulthandler.register(signal.SIGUSR1, file=stack_fh, all_threads=True, chain=False)
+    # What native code writes to stderr (gloo's "terminate called ... what(): ...") goes to a file of this rank,
+    # not to the terminal of the Jupyter server or of the grader: a death report quotes it (``native_error``).
+    fd = os.open(native_log(stack_file), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 2)
+    os.close(fd)
     _tap.install()  # once per worker: every observer (call board, CommCounter, Timeline) subscribes to it
     if board_file:
         _install_call_board(board_file)
@@ -299,6 +305,7 @@ def main(conn, stack_file: str, board_file: str | None = None) -> None:
             _, call_id, spec, payload = msg
             _drop_leftover_group()
             out.call_id = err.call_id = call_id
+            os.ftruncate(2, 0)  # what a death report quotes is this call's
             try:
                 _run_task(conn, call_id, spec, payload, (out, err))
             finally:

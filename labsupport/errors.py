@@ -73,6 +73,7 @@ class Failure:
     where: str | None = None
     exitcode: int | None = None
     exception: bytes | None = None
+    native: str | None = None
 
     @classmethod
     def raised(cls, rank: int, error: dict) -> "Failure":
@@ -82,8 +83,10 @@ class Failure:
                    exception=error.get("exception"))
 
     @classmethod
-    def died(cls, rank: int, exitcode: int | None) -> "Failure":
-        return cls(rank, None, _death_message(exitcode), exitcode=exitcode)
+    def died(cls, rank: int, exitcode: int | None, native: str | None = None) -> "Failure":
+        """``native``: the last error native code wrote to the rank's stderr, quoted when the rank died of it."""
+        native = None if exitcode == -signal.SIGKILL else native   # killed from outside: not what it wrote
+        return cls(rank, None, _death_message(exitcode, native), exitcode=exitcode, native=native)
 
     @classmethod
     def unreadable_result(cls, rank: int, exc: Exception) -> "Failure":
@@ -110,6 +113,7 @@ class WorkerError(_Rendered, RuntimeError):
         exc_message: its message.
         worker_traceback: its traceback as text, with source lines from the notebook.
         exitcode: the exit code of a rank that died (negative: killed by that signal), else ``None``.
+        native: the last error native code wrote before that rank died (gloo's ``what()``), else ``None``.
         failures: a ``Failure`` per failed rank with the same fields (read like a dict: ``f["rank"]``).
         exception: the exception ``rank`` raised, rebuilt in the notebook (``None`` when it could not be).
 
@@ -132,6 +136,7 @@ class WorkerError(_Rendered, RuntimeError):
         self.exc_message = first.get("message")
         self.worker_traceback = first.get("traceback", "")
         self.exitcode = first.get("exitcode")
+        self.native = first.get("native")
         self.exception = None
 
     @classmethod
@@ -205,9 +210,10 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
-def _death_message(code) -> str:
+def _death_message(code, native: str | None = None) -> str:
     if code is None:
         return "stopped without a result"
+    said = f": {native}" if native else ""
     if code < 0:
         name = _signal_name(code)
         hint = {
@@ -216,8 +222,8 @@ def _death_message(code) -> str:
             "SIGABRT": "aborted by native code (a failed C++ check)",
             "SIGBUS": "a bus error in native code",
         }.get(name, "killed by a signal")
-        return f"died from {name} ({hint})"
-    return f"exited with code {code} without raising an exception (os._exit or a C extension calling exit)"
+        return f"died from {name} ({hint}){said}"
+    return f"exited with code {code} without raising an exception (os._exit or a C extension calling exit){said}"
 
 
 _CONNECTION_ERRORS = ("Connection closed by peer", "Read error", "Connection reset", "Broken pipe", "Socket closed")

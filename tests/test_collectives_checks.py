@@ -605,3 +605,23 @@ def test_reports_travel_between_ranks_with_their_tensors_intact():
         assert torch.equal(got.view(torch.uint8) if got.dtype == torch.bool else got.nan_to_num(7.0),
                            sent.view(torch.uint8) if sent.dtype == torch.bool else sent.nan_to_num(7.0)), (got, sent)
         assert torch.equal(torch.signbit(got.float()), torch.signbit(sent.float()))
+
+
+def _sizes_disagree():
+    """Each rank says it receives as many values as it sends: gloo aborts a rank."""
+    rank = dist.get_rank()
+    sizes = [1, 2] if rank == 0 else [4, 3]
+    dist.all_to_all_single(torch.empty(sum(sizes)), torch.ones(sum(sizes)), sizes, sizes)
+
+
+def test_a_rank_aborted_by_gloo_is_explained_then_quoted():
+    """Every check's runner: a rank that gloo aborts (SIGABRT) gets the hint that the ranks' collectives disagreed,
+    then gloo's own words, without the build machine's source path."""
+    from autograder.checks._common import run_on_workers
+
+    with pytest.raises(AssertionError) as info:
+        run_on_workers(_sizes_disagree, world_size=2, what="swap", timeout=30)
+    text = str(info.value)
+    assert text.startswith("swap crashed a worker with world_size=2: rank ") and "died from SIGABRT" in text, text
+    assert text.index("the ranks disagreed") < text.index("Native code said: "), text
+    assert "Is there a distributed collective mismatch in your code?" in text and "/__w/" not in text, text

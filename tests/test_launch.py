@@ -164,6 +164,14 @@ def die_with(how, stamps=None):
     dist.recv(t, src=1)
 
 
+def mismatched_all_to_all():
+    """Each rank says it receives as many rows as it sends: the sizes disagree and gloo aborts a rank."""
+    rank = dist.get_rank()
+    sizes = [1 + rank, 3 - rank] if rank == 0 else [2, 5]
+    out = torch.empty(sum(sizes))
+    dist.all_to_all_single(out, torch.ones(sum(sizes)), sizes, sizes)
+
+
 def recv_from_each_other():
     t = torch.zeros(1)
     dist.recv(t, src=1 - dist.get_rank())
@@ -526,6 +534,18 @@ def test_rank_dying_without_exception(how, expected, tmp_path):
     assert expected in str(info.value)
     assert info.value.exitcode == {"exit": 3, "kill": -signal.SIGKILL, "segv": -signal.SIGSEGV}[how]
     assert labsupport.run(rank_info, world_size=3)[1]["rank"] == 1
+
+
+def test_a_native_abort_is_explained_by_what_native_code_said(capfd):
+    """gloo's own words ("terminate called ... what(): ...") reach the error, not the terminal."""
+    with pytest.raises(labsupport.WorkerError) as info:
+        labsupport.run(mismatched_all_to_all, world_size=2, timeout=30)
+    msg = str(info.value)
+    assert "died from SIGABRT" in msg, msg
+    assert "Is there a distributed collective mismatch in your code?" in msg, msg
+    assert "enforce fail" not in msg and "/__w/" not in msg, msg   # the build machine's source path is dropped
+    assert "terminate called" not in capfd.readouterr().err
+    assert labsupport.run(rank_info, world_size=2)[1]["rank"] == 1
 
 
 def test_errors_survive_pickling():

@@ -60,8 +60,11 @@ def run_on_workers(probe, *args, world_size: int, what: str, timeout: float | No
             mismatch = (" In a collective this usually means the ranks disagreed: every rank must make the same "
                         "collective calls in the same order with the same sizes (dist.reduce or dist.broadcast is "
                         "called by all ranks, not only by the root)." if "SIGABRT" in str(exc.exc_message) else "")
+            native = getattr(exc, "native", None)
+            died = str(exc.exc_message).replace(f": {native}", "") if native else exc.exc_message
+            said = f" Native code said: {native}" if native else ""
             raise AssertionError(
-                f"{what} crashed a worker with world_size={world_size}: rank {exc.rank} {exc.exc_message}.{mismatch}"
+                f"{what} crashed a worker with world_size={world_size}: rank {exc.rank} {died}.{mismatch}{said}"
             ) from None
         tb = exc.worker_traceback.strip()
         raise AssertionError(

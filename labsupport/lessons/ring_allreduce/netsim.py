@@ -25,7 +25,6 @@ Example::
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
