@@ -14,7 +14,8 @@ def native_log(stack_file: str) -> str:
 
 
 def native_error(stack_file: str, limit: int = 300) -> str | None:
-    """The last error native code wrote before the worker died: a C++ exception's ``what()``, else the last line.
+    """The last error native code wrote before the worker died: a C++ exception's ``what()``, else a "Fatal Python
+    error" or "terminate called" line; None when it wrote neither.
     Source paths of the build machine are dropped (``[enforce fail at /__w/.../pair.cc:456] ``)."""
     try:
         with open(native_log(stack_file), "rb") as fh:
@@ -29,7 +30,9 @@ def native_error(stack_file: str, limit: int = 300) -> str | None:
         if "what():" in line:
             rest = line.split("what():", 1)[1].strip()
             found.append(rest or (lines[i + 1] if i + 1 < len(lines) else ""))
-    message = (found or lines or [None])[-1]
+    # no what(): only lines that say a process is ending, never a stray warning of an earlier moment
+    found = found or [line for line in lines if line.startswith(("Fatal Python error", "terminate called"))]
+    message = (found or [None])[-1]
     if not message:
         return None
     message = re.sub(r"^\[(enforce fail )?at [^\]]*\]\s*", "", message)

@@ -943,3 +943,20 @@ def test_folder_of_a_dead_kernel_is_removed_by_the_next_pool():
         for path in (stale, alive, mine):
             if path:
                 shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.parametrize("written, quoted", [
+    ("terminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
+     "  what():  [enforce fail at /__w/x/pair.cc:456] a <= b. 8 vs 0. Is there a mismatch?\n", "a <= b. 8 vs 0. Is there a mismatch?"),
+    ("terminate called after throwing an instance of 'c10::Error'\n  what():  \nthe reason\n", "the reason"),
+    ("Fatal Python error: Aborted\n\nCurrent thread 0x1 (most recent call first):\n", "Fatal Python error: Aborted"),
+    ("[W1125 pg.cpp:12] Warning: a warning of an earlier moment\n", None),
+    ("", None),
+])
+def test_native_error_quotes_only_what_ended_the_process(written, quoted, tmp_path):
+    from labsupport._native import native_error, native_log
+
+    stack = str(tmp_path / "stack-1.txt")
+    Path(native_log(stack)).write_text(written)
+    assert native_error(stack) == quoted
+    assert native_error(str(tmp_path / "stack-9.txt")) is None   # no file: nothing to quote
