@@ -17,9 +17,9 @@ import sys
 import time
 
 from ._frames import dump_complete, format_frames, parse_faulthandler
+from ._native import native_error
 from ._output import RankOutput
 from ._pool import _cores, _loopback_ifname, _Pool, _Worker
-from ._native import native_error
 from .errors import Failure, WorkerError, WorkerTimeout, deadlock_report
 
 _FAILURE_GRACE = 0.4  # seconds to collect the other ranks' errors after the first failure
