@@ -15,6 +15,7 @@ import autograder.checks.ring_allreduce.trials as T
 import labsupport
 from autograder.checks import ring_allreduce as R
 from autograder.checks.ring_allreduce.diagnose import _why_wrong_sum
+from labsupport.lessons.ring_allreduce import netsim
 
 # ----------------------------------------------------------------------------------------------------------------
 # Correct alternatives
@@ -493,11 +494,13 @@ def _good(algorithm, p, n, a, b):
 
 
 def abc_table(algorithm, p, n, a, b):
-    """Correct, written differently: a table of lambdas, and ceil(log2 p) as (p - 1).bit_length() in integers."""
+    """Correct, written differently: a table of lambdas, and the steps of recursive doubling with floats:
+    log2(p) when it is a whole number, floor(log2 p) + 2 otherwise."""
     table = {
         "naive": lambda: 2 * (p - 1) * (a + n * b),
         "ring": lambda: 2 * (p - 1) * (a + n / p * b),
-        "recursive_doubling": lambda: (p - 1).bit_length() * (a + n * b),
+        "recursive_doubling": lambda: (math.log2(p) if math.log2(p).is_integer() else math.floor(math.log2(p)) + 2)
+        * (a + n * b),
     }
     if algorithm not in table:
         raise ValueError(algorithm)
@@ -512,8 +515,10 @@ def abc_by_steps(algorithm, p, n, a, b):
         steps, per_message = 2 * (p - 1), n / p
     elif algorithm == "recursive_doubling":
         steps, reached = 0, 1
-        while reached < p:  # ranks reached doubles every step
+        while 2 * reached <= p:  # exchanges among the largest power of two of ranks: their number doubles each step
             reached, steps = 2 * reached, steps + 1
+        if reached < p:  # the ranks left over fold in before and get the sum back after
+            steps += 2
         per_message = n
     else:
         raise ValueError(f"no algorithm called {algorithm}")
@@ -525,8 +530,8 @@ def abc_by_steps(algorithm, p, n, a, b):
 
 @pytest.mark.parametrize("fn", [abc_table, abc_by_steps])
 def test_alpha_beta_cost_correct_alternatives_pass(fn):
-    for p in range(1, 1100):  # the integer forms agree with math.ceil(math.log2(p)) wherever the check draws p
-        assert fn("recursive_doubling", p, 1, 1.0, 0.0) == math.ceil(math.log2(p))
+    for p in range(1, 1100):  # both agree with the steps of the simulator's schedule wherever the check draws p
+        assert fn("recursive_doubling", p, 1, 1.0, 0.0) == len(netsim.recursive_doubling_allreduce(p, 1).steps)
     R.check_alpha_beta_cost(fn)
     R.check_alpha_beta_cost(fn, trials=400)
 
@@ -558,6 +563,20 @@ def abc_rd_floor(algorithm, p, n, a, b):
 def abc_rd_no_ceil(algorithm, p, n, a, b):
     if algorithm == "recursive_doubling":
         return math.log2(p) * (a + n * b)
+    return _good(algorithm, p, n, a, b)
+
+
+def abc_rd_ceil(algorithm, p, n, a, b):
+    """ceil(log2 p) steps for every p: right for powers of two only."""
+    if algorithm == "recursive_doubling":
+        return math.ceil(math.log2(p)) * (a + n * b)
+    return _good(algorithm, p, n, a, b)
+
+
+def abc_rd_plus_one(algorithm, p, n, a, b):
+    """floor(log2 p) + 2 steps for every p, powers of two included."""
+    if algorithm == "recursive_doubling":
+        return (math.floor(math.log2(p)) + 2) * (a + n * b) if p > 1 else 0.0
     return _good(algorithm, p, n, a, b)
 
 
@@ -598,8 +617,10 @@ def abc_not_implemented(algorithm, p, n, a, b):
         (abc_ring_one_phase, ["'ring'", "alpha=0", "bandwidth", "2(p-1) steps"]),
         (abc_ring_latency, ["'ring'", "beta=0", "latency", "p-1 steps each"]),
         (abc_naive_half, ["'naive'", "2(p-1)·(alpha + n·beta)"]),
-        (abc_rd_floor, ["'recursive_doubling'", "world_size=6", "round up"]),
-        (abc_rd_no_ceil, ["'recursive_doubling'", "world_size=6", "ceil"]),
+        (abc_rd_floor, ["'recursive_doubling'", "world_size=6", "floor(log2 p) + 2"]),
+        (abc_rd_no_ceil, ["'recursive_doubling'", "world_size=6", "floor(log2 p) + 2"]),
+        (abc_rd_ceil, ["'recursive_doubling'", "world_size=6", "ceil(log2 p) is one step short"]),
+        (abc_rd_plus_one, ["'recursive_doubling'", "world_size=4", "log2 p steps when p is a power of two"]),
         (abc_ring_p1, ["world_size=4", "latency"]),
         (abc_no_error, ["ValueError", "unknown algorithm"]),
         (abc_key_error, ["raised KeyError"]),

@@ -12,7 +12,7 @@ from autograder.checks.ring_allreduce import reference_alpha_beta_cost, referenc
 from labsupport.lessons.ring_allreduce import netsim
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "naive"])
+@pytest.mark.parametrize("algorithm", ["ring", "naive", "recursive_doubling"])
 def test_simulation_reproduces_the_formula_exactly(algorithm):
     rng = random.Random(0)
     for _ in range(50):
@@ -24,13 +24,35 @@ def test_simulation_reproduces_the_formula_exactly(algorithm):
         assert math.isclose(sim, reference_alpha_beta_cost(algorithm, p, n, a, b), rel_tol=1e-9, abs_tol=1e-15)
 
 
-def test_recursive_doubling_matches_formula_for_powers_of_two_and_costs_more_otherwise():
-    for p in (1, 2, 4, 8, 64, 1024):
-        sim = netsim.simulate(netsim.recursive_doubling_allreduce(p, 1e6), netsim.Uniform(1e-5, 1e-9))
-        assert math.isclose(sim, reference_alpha_beta_cost("recursive_doubling", p, 1e6, 1e-5, 1e-9), rel_tol=1e-12)
-    # 6 ranks: 2 extra steps to fold ranks 4, 5 in and out
-    sim = netsim.simulate(netsim.recursive_doubling_allreduce(6, 1e6), netsim.Uniform(1e-5, 1e-9))
-    assert math.isclose(sim, 4 * (1e-5 + 1e6 * 1e-9))
+def _replay_sums(schedule):
+    """Run a recursive-doubling schedule on data: rank r starts with the one-hot vector e_r; a fold or an exchange
+    adds what arrives, a send-back overwrites. Returns every rank's vector at the end."""
+    p = schedule.world_size
+    held = [np.eye(p)[r] for r in range(p)]
+    for step in schedule.steps:
+        sent = {int(s): held[int(s)].copy() for s in step.src}
+        for s, d in zip(step.src, step.dst):
+            if step.label == "send back":
+                held[int(d)] = sent[int(s)]
+            else:
+                held[int(d)] = held[int(d)] + sent[int(s)]
+    return held
+
+
+def test_recursive_doubling_takes_floor_log2_plus_2_steps_unless_p_is_a_power_of_two():
+    """The step count of notebook 02's table, computed: a schedule that really all-reduces (replayed on data)
+    needs log2 p steps for a power of two and floor(log2 p) + 2 otherwise (5 ranks: 4, where ceil(log2 5) = 3)."""
+    for p in range(1, 70):
+        schedule = netsim.recursive_doubling_allreduce(p, 1.0)
+        for r, vector in enumerate(_replay_sums(schedule)):
+            assert np.array_equal(vector, np.ones(p)), f"p={p}: rank {r} ends with {vector}"
+        power_of_two = p & (p - 1) == 0
+        expected = int(math.log2(p)) if power_of_two else math.floor(math.log2(p)) + 2
+        assert len(schedule.steps) == expected, (p, len(schedule.steps))
+        assert reference_alpha_beta_cost("recursive_doubling", p, 1e6, 1.0, 0.0) == expected
+        sim = netsim.simulate(schedule, netsim.Uniform(1e-5, 1e-9))
+        assert math.isclose(sim, reference_alpha_beta_cost("recursive_doubling", p, 1.0, 1e-5, 1e-9), rel_tol=1e-12)
+    assert len(netsim.recursive_doubling_allreduce(5, 1.0).steps) == 4 > math.ceil(math.log2(5))
 
 
 def test_1024_ranks_simulate_in_under_a_second():

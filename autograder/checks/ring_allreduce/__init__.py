@@ -103,8 +103,11 @@ _TERMS = {
     "naive": ("2(p-1)·(alpha + n·beta)",
               "latency: the root receives p-1 messages one after another, then sends p-1",
               "bandwidth: each of the 2(p-1) messages through the root carries all n bytes"),
-    "recursive_doubling": ("ceil(log2 p)·(alpha + n·beta)",
-                           "latency: ceil(log2 p) steps (round up, e.g. math.ceil(math.log2(p)))",
+    "recursive_doubling": ("log2(p)·(alpha + n·beta) for p a power of two, (floor(log2 p) + 2)·(alpha + n·beta) "
+                           "otherwise",
+                           "latency: log2 p steps when p is a power of two; for any other p, floor(log2 p) + 2 "
+                           "(the ranks beyond the largest power of two fold their data into a partner first and "
+                           "get the result back at the end; ceil(log2 p) is one step short)",
                            "bandwidth: every step exchanges the whole n bytes"),
 }
 

@@ -130,12 +130,18 @@ def reference_ring_all_reduce(tensor, rs_segments: int | None = None, ag_segment
 
 
 def reference_alpha_beta_cost(algorithm, world_size, nbytes, alpha, beta):
-    """Alpha-beta cost of an all-reduce (Thakur, Rabenseifner & Gropp 2005; reduction cost ignored)."""
+    """Alpha-beta cost of an all-reduce, reduction cost ignored. Recursive doubling for a power of two is quoted from
+    Thakur, Rabenseifner & Gropp (2005); the other formulas are derived (see notebook 02, section 5)."""
     p, n = world_size, nbytes
     if algorithm == "naive":
         return 2 * (p - 1) * (alpha + n * beta)
     if algorithm == "ring":
         return 2 * (p - 1) * alpha + 2 * n * (p - 1) / p * beta
     if algorithm == "recursive_doubling":
-        return math.ceil(math.log2(p)) * (alpha + n * beta)
+        # log2 p exchanges when p is a power of two (Thakur et al.); otherwise MPICH folds the ranks beyond the
+        # largest power of two into partners first and sends them the result at the end: floor(log2 p) + 2 steps
+        q = int(p)
+        exchanges = q.bit_length() - 1
+        steps = exchanges if q & (q - 1) == 0 else exchanges + 2
+        return steps * (alpha + n * beta)
     raise ValueError(f"unknown algorithm {algorithm!r}")

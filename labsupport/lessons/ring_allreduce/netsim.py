@@ -150,8 +150,8 @@ def recursive_doubling_allreduce(world_size: int, nbytes: float) -> Schedule:
     """Recursive doubling: in step k, rank r exchanges the whole tensor with rank ``r XOR 2^k``.
 
     For a power of two that is log2(p) steps. For other p, the ranks above the largest power of two first fold
-    their data into a partner and get the result back at the end (two extra steps), which the textbook formula
-    ``ceil(log2 p)(alpha + n beta)`` does not count.
+    their data into a partner and get the result back at the end, as MPICH does: floor(log2 p) + 2 steps, two
+    more than ``ceil(log2 p)`` would count.
     """
     _check(world_size, nbytes)
     p = world_size
