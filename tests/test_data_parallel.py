@@ -131,3 +131,58 @@ def test_ddp_rank_report_is_level():
     assert reports[0]["bytes"] == reports[1]["bytes"]
     params = reports[0]["bytes"]["parameters"]
     assert 2 * params <= reports[0]["bytes"]["optimizer state"] <= 2 * params + 1024  # Adam: two moments + steps
+    assert reports[0]["bytes"]["communication buffers"] == reports[0]["bytes"]["gradients"]  # DDP's bucket buffers
+
+
+def test_the_lesson_modules_leave_the_exercises_to_the_student():
+    """03's exercises (broadcast_parameters, average_gradients, OverlapDDP, BucketedDDP) are the student's: the lesson
+    modules students receive broadcast, all-reduce and hook gradients nowhere (the DDP rank of the memory plot is
+    PyTorch's own DistributedDataParallel)."""
+    import ast
+    from pathlib import Path
+
+    from labsupport.lessons import data_parallel
+
+    for path in sorted(Path(data_parallel.__file__).parent.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        called = {node.func.attr for node in ast.walk(tree)
+                  if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)}
+        assert not called & {"broadcast", "all_reduce", "register_post_accumulate_grad_hook", "register_hook"}, path
+    assert "DistributedDataParallel(" in Path(data_parallel.dp.__file__).read_text()
+
+
+def _half_used_model():
+    """A model whose forward uses only its first layer: the second layer's parameters get no gradient."""
+    import torch.nn as nn
+
+    class HalfUsed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used, self.unused = nn.Linear(4, 4), nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.used(x)
+
+    return HalfUsed()
+
+
+def _two_steps_with_an_unused_parameter():
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = DistributedDataParallel(_half_used_model())
+    model(torch.randn(2, 4)).sum().backward()          # the first step goes through
+    try:
+        model(torch.randn(2, 4)).sum().backward()      # the next forward finds the first reduction unfinished
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
+def test_torch_ddp_raises_at_the_next_iteration_for_a_parameter_without_gradient():
+    """What notebook 03 says where BucketedDDP counts a missing gradient as zeros: PyTorch's DDP with its default
+    find_unused_parameters=False raises at the next iteration's forward."""
+    import labsupport
+
+    for message in labsupport.run(_two_steps_with_an_unused_parameter, world_size=2, timeout=60):
+        assert message and message.startswith("Expected to have finished reduction in the prior iteration"), message

@@ -14,8 +14,9 @@ Steps 1, 4, 6 and 7 run on the master alone, and the master alone holds the whol
 the gradients received from the others and the optimizer state. ``dp_step`` measures both: the bytes of the tensors
 each replica holds (``MemoryReport``) and the seconds each replica is busy.
 
-``ddp_rank_report`` measures the same categories on one rank of a DDP-style step (call it inside
-``labsupport.run``, one process per rank): every rank holds the same things, so the bars come out level.
+``ddp_rank_report`` measures the same categories on one rank of a step under PyTorch's
+``DistributedDataParallel`` (call it inside ``labsupport.run``, one process per rank): every rank holds the same
+things, so the bars come out level.
 
 Example::
 
@@ -249,37 +250,32 @@ def dp_step(master, optimizer, inputs, targets, num_replicas: int = 4, replicas:
 
 
 def ddp_rank_report(make_model, inputs, targets, seed: int = 0) -> dict:
-    """Inside ``labsupport.run``: one DDP-style training step with Adam on this rank's share of the batch (weights
-    broadcast from rank 0, gradients averaged with one all-reduce of a flat buffer, as DDP's buckets do, then a
-    local optimizer step); returns ``{"bytes": {category: bytes}, "seconds": {phase: seconds}}`` for this rank.
+    """Inside ``labsupport.run``: one training step with Adam under ``torch.nn.parallel.DistributedDataParallel`` on
+    this rank's share of the batch; returns ``{"bytes": {category: bytes}, "seconds": {phase: seconds}}`` for this
+    rank.
 
-    (Written out rather than wrapping ``torch.nn.parallel.DistributedDataParallel``: the tensors held are the same,
-    and a worker's first DistributedDataParallel costs seconds of imports.)
+    PyTorch's own DDP does the communication (rank 0's weights broadcast when it wraps the model, gradients
+    averaged in buckets during backward), so the tensors held are those of a real DDP rank. Its reducer keeps one
+    flat buffer per bucket, together as large as the gradients (``gradient_as_bucket_view=False``, the default):
+    those are the communication buffers.
     """
     import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
 
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(seed + rank)
     model = make_model()
-    with torch.no_grad():
-        for t in list(model.parameters()) + list(model.buffers()):
-            dist.broadcast(t, 0)
+    ddp = DistributedDataParallel(model)  # every rank now holds rank 0's weights
     optimizer = torch.optim.Adam(model.parameters())
     x, y = inputs.chunk(world)[rank], targets.chunk(world)[rank]  # each rank loads only its share
     saved = _SavedBytes(model)
     start = time.perf_counter()
     with saved.hooks():
-        out = model(x)
+        out = ddp(x)
     forward = time.perf_counter() - start
     start = time.perf_counter()
     loss = F.cross_entropy(out.flatten(0, -2), y.flatten())
-    loss.backward()
-    params = [p for p in model.parameters() if p.grad is not None]
-    flat = torch.cat([p.grad.reshape(-1) for p in params])  # the gradient bucket
-    dist.all_reduce(flat)
-    flat /= world
-    for p, piece in zip(params, flat.split([p.numel() for p in params])):
-        p.grad.copy_(piece.view_as(p))
+    loss.backward()  # DDP's hooks all-reduce the buckets while backward runs, and wait for them before it returns
     backward = time.perf_counter() - start
     start = time.perf_counter()
     optimizer.step()
@@ -291,7 +287,7 @@ def ddp_rank_report(make_model, inputs, targets, seed: int = 0) -> dict:
     held["activations"] = saved.total
     held["outputs"] = 2 * _nbytes([out])
     held["input batch"] = _nbytes([x, y])
-    held["communication buffers"] = _nbytes([flat])
+    held["communication buffers"] = _nbytes(p.grad for p in params if p.requires_grad)  # the reducer's buckets
     held["optimizer state"] = _nbytes(
         v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)
     )
