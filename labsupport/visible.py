@@ -1,4 +1,4 @@
-"""Visible tests that let a fresh notebook run to its end, and a Validate button that tells the truth.
+"""Visible tests that let a fresh notebook run to its end, and a Validate button that reads like a checklist.
 
 A visible-test cell starts with ``%%visible_test NAME`` (registered by ``%load_ext labsupport``):
 
@@ -8,8 +8,13 @@ A visible-test cell starts with ``%%visible_test NAME`` (registered by ``%load_e
 * anything else (a wrong answer, a crash, a deadlock): the error is shown as usual and *Run All* stops there.
 
 The hidden-test cell of the exercise starts with ``labsupport.require_passed("NAME")``. It does nothing while you
-work, nor while the autograder grades (the hidden tests decide then). Under nbgrader's *Validate* it fails unless
-every visible test of ``NAME`` passed in that run, so Validate says "not done" for an untouched notebook.
+work, nor while the autograder grades (the hidden tests decide then). Under nbgrader's *Validate* (which runs the
+notebook in a fresh kernel, every cell even after an error, and lists the graded cells that failed) the last
+exercise's cell fails unless every exercise passed, with one report: a line per exercise (passes / not started /
+fails and the first line of its message), then the details of the first failure. The other exercises' cells stay
+quiet, so the dialog shows that report once instead of a traceback per exercise. (The order of the exercises comes
+from the notebook Validate runs, in the kernel's folder; when it cannot be told, each exercise's cell fails on its
+own, with its own line.)
 
 With ``LABSUPPORT_GRADING=1`` (``python -m autograder check``, grading) nothing is swallowed: an unimplemented
 exercise fails its visible test, as it should when counting points.
@@ -17,15 +22,32 @@ exercise fails its visible test, as it should when counting points.
 
 from __future__ import annotations
 
+import glob
 import hashlib
+import json
 import linecache
 import os
+import re
+import traceback
+from dataclasses import dataclass
 
 __all__ = ["require_passed", "require_visible", "register"]
 
-#: exercise name -> {cell hash: whether that visible-test cell passed in its latest run}
-_RESULTS: dict[str, dict[str, bool]] = {}
+PASSES, NOT_STARTED, FAILS = "passes", "not started", "fails"
+
+
+@dataclass
+class _Outcome:
+    status: str             # PASSES, NOT_STARTED or FAILS (FAILS too while the cell is still running)
+    summary: str = ""       # FAILS: the first line of the message
+    details: str = ""       # FAILS: the whole message, and where in the notebook it was raised
+
+
+#: exercise name -> {cell hash: the outcome of that visible-test cell in its latest run}
+_RESULTS: dict[str, dict[str, _Outcome]] = {}
 _counter = [0]
+
+_REQUIRE = re.compile(r"""require_passed\(\s*["'](\w+)["']\s*\)""")
 
 
 def _strict() -> bool:
@@ -40,25 +62,139 @@ def _not_implemented(exc: BaseException) -> bool:
     return getattr(exc, "exc_type", None) == "NotImplementedError"  # raised on a rank: a WorkerError
 
 
+def _passed(name: str) -> bool:
+    results = _RESULTS.get(name, {})
+    return bool(results) and all(o.status == PASSES for o in results.values())
+
+
+def _outcome(name: str) -> _Outcome | None:
+    """The exercise's outcome over its visible tests: the first failure, else not started, else passes; None when
+    none of them ran."""
+    results = list(_RESULTS.get(name, {}).values())
+    if not results:
+        return None
+    for status in (FAILS, NOT_STARTED):
+        for o in results:
+            if o.status == status:
+                return o
+    return results[0]
+
+
+def _line(name: str, width: int) -> str:
+    o = _outcome(name)
+    if o is None:
+        state = "not run: its visible test did not run in this kernel (was its cell removed or interrupted?)"
+    elif o.status == FAILS:
+        state = f"fails: {o.summary}"
+    elif o.status == NOT_STARTED:
+        state = "not started (it still raises NotImplementedError)"
+    else:
+        state = "passes"
+    return f"  {name:<{width}}  {state}"
+
+
+def _report(names: list[str]) -> list[str]:
+    """The checklist of ``names``, then the details of the first failure (or what to do about the rest)."""
+    passing = sum(_passed(n) for n in names)
+    width = max(map(len, names))
+    lines = [f"{passing} of {len(names)} exercises pass their visible tests (Validate ran this notebook from the top "
+             "in a fresh kernel):"]
+    lines += [_line(n, width) for n in names]
+    first = next((n for n in names if (o := _outcome(n)) is not None and o.status == FAILS), None)
+    if first is not None:
+        lines += ["", f"The first failure, {first}:", *_outcome(first).details.splitlines()]
+    else:
+        lines += ["", "Write the exercises not started yet and run their visible tests, then Validate again."]
+    return lines
+
+
+class ValidationReport(AssertionError):
+    """What Validate shows for a notebook whose exercises do not all pass: the report, no traceback."""
+
+    def _render_traceback_(self) -> list[str]:
+        return str(self).splitlines()
+
+
+def _exercise_order(name: str) -> list[str] | None:
+    """The exercises of the notebook being validated, in order (from its ``require_passed`` calls), or None when it
+    cannot be told. Validate starts the kernel in the notebook's folder; several notebooks there that hold
+    ``name`` must agree."""
+    orders = set()
+    for path in sorted(glob.glob("*.ipynb")):
+        try:
+            with open(path, encoding="utf-8") as f:
+                cells = json.load(f).get("cells", [])
+        except (OSError, ValueError):
+            continue
+        found = []
+        for cell in cells:
+            if cell.get("cell_type") != "code":
+                continue
+            source = cell.get("source", "")
+            source = "".join(source) if isinstance(source, list) else source
+            found += [n for n in _REQUIRE.findall(source) if n not in found]
+        if name in found:
+            orders.add(tuple(found))
+    return list(orders.pop()) if len(orders) == 1 else None
+
+
 def require_passed(name: str) -> None:
-    """Under nbgrader's Validate: fail unless every visible test of exercise ``name`` passed. Otherwise nothing."""
+    """Under nbgrader's Validate: the checklist (see the module's help) once the last exercise is reached, if any
+    exercise does not pass. Otherwise nothing."""
     if os.environ.get("NBGRADER_VALIDATING", "") != "1":
         return
-    results = _RESULTS.get(name, {})
-    if not results:
-        raise AssertionError(f"{name}: its visible tests did not run, or it is not implemented yet.")
-    if not all(results.values()):
-        raise AssertionError(f"{name}: its visible tests do not pass yet.")
+    order = _exercise_order(name)
+    if order is None:                      # cannot tell which cell comes last: this exercise's own line
+        if not _passed(name):
+            raise ValidationReport("\n".join(_report([name])))
+        return
+    if name != order[-1]:
+        return
+    if not all(_passed(n) for n in order):
+        raise ValidationReport("\n".join(_report(order)))
 
 
 def require_visible(name: str) -> None:
     """For a demo that runs exercise ``name``: raise ``NotImplementedError`` unless its visible tests passed in this
     kernel. A demo that catches it says "skipped" at once, where an exercise that deadlocks would make it wait for
     its time limit (and every demo after it too)."""
-    results = _RESULTS.get(name, {})
-    if not results or not all(results.values()):
+    if not _passed(name):
         raise NotImplementedError(f"{name} has not passed its visible test in this kernel yet (run that cell after "
                                   "changing it); this demo uses it")
+
+
+def _where(exc: BaseException, name: str) -> list[str]:
+    """The frames of the notebook (its cells, the visible test) in ``exc``'s traceback: none of the library's."""
+    try:
+        from ._frames import display_name
+    except Exception:  # pragma: no cover
+        display_name = str
+    lines = []
+    for frame in traceback.extract_tb(exc.__traceback__):
+        filename = frame.filename
+        if filename.startswith("<visible test "):
+            place = f"its visible test, line {frame.lineno}"
+        elif display_name(filename) != filename:
+            place = f"{display_name(filename)}, line {frame.lineno}, in {frame.name}"
+        else:
+            continue
+        src = (frame.line or linecache.getline(filename, frame.lineno)).strip()
+        lines.append(f"  at {place}: {src}" if src else f"  at {place}")
+    return lines
+
+
+def _failure(exc: BaseException, name: str) -> _Outcome:
+    """A failing visible test: its message as the notebook showed it, without the library's frames."""
+    text = str(exc).strip()
+    if hasattr(exc, "_render_traceback_") or (isinstance(exc, AssertionError) and text):
+        body = text                        # a WorkerError says which rank raised what; an assert says what is wrong
+    else:
+        body = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    where = _where(exc, name)
+    summary = body.splitlines()[0] if body else type(exc).__name__
+    if not text and where:
+        summary += where[0].replace("  at ", " at ", 1)
+    return _Outcome(FAILS, summary, "\n".join([body, *where]))
 
 
 def _visible_test(line: str, cell: str) -> None:
@@ -73,16 +209,21 @@ def _visible_test(line: str, cell: str) -> None:
     _counter[0] += 1
     filename = f"<visible test {name} #{_counter[0]}>"
     linecache.cache[filename] = (len(cell), None, cell.splitlines(keepends=True), filename)
-    _RESULTS.setdefault(name, {})[key] = False
+    _RESULTS.setdefault(name, {})[key] = _Outcome(FAILS, "its visible test did not finish (interrupted?)",
+                                                  "its visible test did not finish (interrupted?)")
     try:
         exec(compile(cell, filename, "exec"), shell.user_ns)
     except BaseException as exc:
+        if _not_implemented(exc):
+            _RESULTS[name][key] = _Outcome(NOT_STARTED)
+        else:
+            _RESULTS[name][key] = _failure(exc, name)
         if _strict() or not _not_implemented(exc):
             raise
         print(f"{name} is not implemented yet: this visible test is skipped and the notebook goes on. "
               "Validate and the grader count it as not done.")
         return
-    _RESULTS[name][key] = True
+    _RESULTS[name][key] = _Outcome(PASSES)
 
 
 def register(ipython) -> None:

@@ -1,6 +1,7 @@
 """``%%visible_test`` and ``require_passed`` in a real kernel: Run All goes past an exercise not written yet, stops
 at a wrong one, and nothing is swallowed while grading; Validate (``NBGRADER_VALIDATING=1``) fails until the visible
-tests pass."""
+tests pass, and nbgrader's own Validator shows one checklist (passes / not started / fails) with the details of the
+first failure and none of the library's frames."""
 
 import os
 
@@ -73,14 +74,15 @@ def test_require_passed_tells_validate_the_truth(answer, passes):
         _run(nb, NBGRADER_VALIDATING="1")
         _run(nb)  # and outside Validate it never fails
     else:
-        assert "f: its visible tests do not pass yet" in _error(nb, NBGRADER_VALIDATING="1")
+        err = _error(nb, NBGRADER_VALIDATING="1")
+        assert "0 of 1 exercises pass" in err and "f  not started" in err, err
         assert "the notebook went on" in _run(_notebook(answer, "assert f() == 1"))[4]
 
 
 def test_require_passed_fails_when_the_visible_test_never_ran():
     nb = _notebook(DONE, "assert f() == 1")
     nb.cells[2].source = "pass"
-    assert "its visible tests did not run" in _error(nb, NBGRADER_VALIDATING="1")
+    assert "f  not run: its visible test did not run" in _error(nb, NBGRADER_VALIDATING="1")
 
 
 def test_a_bad_name_is_a_clear_error():
@@ -104,3 +106,93 @@ def test_a_demo_skips_at_once_unless_the_exercise_passed_its_visible_test(answer
         assert "the demo ran" in out, out
     else:
         assert "skipped: f has not passed its visible test in this kernel yet" in out, out
+
+
+def _nbgrader_notebook(exercises: dict) -> nbformat.NotebookNode:
+    """A notebook as nbgrader releases it: per exercise ``{name: answer}`` an answer cell, its visible test (the
+    function returns the number of its name's letters) and its graded cell calling ``require_passed``."""
+    def meta(grade_id, grade=False, solution=False, locked=True):
+        m = {"grade": grade, "grade_id": grade_id, "locked": locked, "schema_version": 3, "solution": solution,
+             "task": False}
+        if grade:
+            m["points"] = 1
+        return {"nbgrader": m}
+
+    cells = [nbformat.v4.new_code_cell(SETUP, metadata=meta("setup"))]
+    for name, answer in exercises.items():
+        cells += [
+            nbformat.v4.new_code_cell(answer, metadata=meta(name, solution=True, locked=False)),
+            nbformat.v4.new_code_cell(f"%%visible_test {name}\nassert {name}() == {len(name)}, "
+                                      f"'{name}() should be {len(name)}, got ' + str({name}())",
+                                      metadata=meta(f"test_{name}_visible")),
+            nbformat.v4.new_code_cell(f'"""{name}: hidden tests."""\nlabsupport.require_passed("{name}")',
+                                      metadata=meta(f"test_{name}", grade=True)),
+        ]
+    nb = nbformat.v4.new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    return nb
+
+
+def _validate(tmp_path, exercises: dict) -> dict:
+    """nbgrader's Validator (what the Validate button calls) on that notebook, saved in ``tmp_path``."""
+    from nbgrader.validator import Validator
+
+    path = tmp_path / "exercises.ipynb"
+    nbformat.write(_nbgrader_notebook(exercises), path)
+    cwd = os.getcwd()
+    try:
+        return Validator().validate(str(path))
+    finally:
+        os.chdir(cwd)   # the Validator changes folder as it works
+
+
+def test_validate_reads_like_a_checklist(tmp_path):
+    """One done, one not started, one wrong, one done: a single failed cell (the last exercise's), whose error is a
+    line per exercise and then the first failure's details, with no frame of the library's."""
+    results = _validate(tmp_path, {
+        "ab": "def ab():\n    return 2",
+        "cde": "def cde():\n    # YOUR CODE HERE\n    raise NotImplementedError()",
+        "fghi": "def fghi():\n    return 5",
+        "jklmn": "def jklmn():\n    return 5",
+    })
+    assert list(results) == ["failed"] and len(results["failed"]) == 1, results
+    failed = results["failed"][0]
+    assert 'require_passed("jklmn")' in failed["source"]
+    lines = failed["raw_error"].strip().splitlines()
+    assert lines[0].startswith("2 of 4 exercises pass their visible tests"), lines
+    assert lines[1:5] == ["  ab     passes",
+                          "  cde    not started (it still raises NotImplementedError)",
+                          "  fghi   fails: fghi() should be 4, got 5",
+                          "  jklmn  passes"], lines
+    assert lines[6] == "The first failure, fghi:" and lines[7] == "fghi() should be 4, got 5", lines
+    assert lines[8].startswith("  at its visible test, line 1: assert fghi() == 4"), lines
+    assert len(lines) == 9, lines
+    for ours in ("visible.py", "Traceback", "labsupport/", "File "):
+        assert ours not in failed["raw_error"], (ours, failed["raw_error"])
+
+
+def test_validate_names_what_is_not_started_and_a_failure_on_a_rank(tmp_path):
+    """An exercise whose ranks raise reports the rank's message on its line; the last exercise not started is
+    reported on the last cell like the others; an untouched notebook says what to do next."""
+    results = _validate(tmp_path, {
+        "ab": "def ab():\n    return labsupport.run(lambda: dist.get_rank() + 2, world_size=2, timeout=60)[1]\n",
+        "cde": "def cde():\n    def boom():\n        raise ValueError('the shard is empty')\n"
+               "    return labsupport.run(boom, world_size=2, timeout=60)",
+        "fghi": "def fghi():\n    raise NotImplementedError()",
+    })
+    error = results["failed"][0]["raw_error"]
+    lines = error.strip().splitlines()
+    assert lines[1:4] == ["  ab    fails: ab() should be 2, got 3",
+                          "  cde   fails: rank 0 raised ValueError: the shard is empty; rank 1 raised ValueError: the "
+                          "shard is empty",
+                          "  fghi  not started (it still raises NotImplementedError)"], lines
+    assert "visible.py" not in error and "Traceback (most recent" not in error, error
+
+    results = _validate(tmp_path, {"ab": "def ab():\n    raise NotImplementedError()"})
+    lines = results["failed"][0]["raw_error"].strip().splitlines()
+    assert lines[1] == "  ab  not started (it still raises NotImplementedError)", lines
+    assert lines[-1].startswith("Write the exercises not started yet"), lines
+
+
+def test_validate_passes_when_every_exercise_does(tmp_path):
+    assert _validate(tmp_path, {"ab": "def ab():\n    return 2", "cde": "def cde():\n    return 3"}) == {}
