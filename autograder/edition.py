@@ -11,7 +11,12 @@ only what a student needs:
 * ``nbgrader_config.py`` (the course's settings for the Validate button) and ``.jupyter/``, the Jupyter config
   folder ``./course lab`` adds to ``JUPYTER_CONFIG_PATH``: it turns off nbgrader's instructor tools (formgrader,
   "Create Assignment", the course and assignment lists, which need an exchange the course does not use) and keeps
-  Validate. The instructor's lab, started from the repository, keeps them all.
+  Validate. The instructor's lab, started from the repository, keeps them all. It also holds the course's lab
+  defaults, the repository's ``jupyter-config/labconfig/default_setting_overrides.json`` (no pop-up asking about
+  Jupyter's news feed), which ``./course lab`` gives the instructor's lab from ``jupyter-config/``.
+
+The edition's ``./course`` has no ``test`` command (it finds no ``tests/``): a student checks a notebook with
+``python -m autograder check``, and ``./course lab`` installs the lab's packages only, no test tools.
 
 Nothing else is copied, so whatever is added to the repository later stays out unless it is listed here.
 
@@ -51,6 +56,10 @@ INSTRUCTOR_SERVER_EXTENSIONS = ["nbgrader.server_extensions.formgrader", "nbgrad
                                 "nbgrader.server_extensions.assignment_list"]
 #: The Jupyter config folder of the edition (``./course lab`` puts it first on ``JUPYTER_CONFIG_PATH``).
 JUPYTER_DIR = ".jupyter"
+#: The repository's Jupyter config folder (``./course lab`` puts it on ``JUPYTER_CONFIG_PATH`` too) and its lab
+#: defaults, which the edition's folder gets as well.
+REPO_JUPYTER_DIR = "jupyter-config"
+LAB_DEFAULTS = "labconfig/default_setting_overrides.json"
 _IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints", ".DS_Store", "*.egg-info")
 
 GITIGNORE = """.venv/
@@ -92,14 +101,17 @@ The notebooks are in `notebooks/`, in order:
 
 1. Open the next notebook, read, and fill in each exercise cell (`# YOUR CODE HERE`).
 2. The cell after each exercise is a quick visible test: run it.
-3. When you are done, check the whole notebook in a fresh kernel:
+3. The **Validate** button in the notebook's toolbar saves the notebook, runs it from the top in a fresh kernel and
+   shows a checklist: a line per exercise saying that it passes, is not started (it still raises
+   `NotImplementedError`) or fails, with the first line of its message; then the details of the first failure.
+4. When you are done, check the whole notebook in a fresh kernel:
    ```bash
    .venv/bin/python -m autograder check notebooks/01_collectives/01_collectives.ipynb
    ```
    It prints, per exercise, whether its visible tests pass, and an estimate of your score. Grading also runs
    hidden tests with inputs drawn at grading time and checks *how* you got the answer (a from-scratch collective
    that calls the built-in loses its points), and it looks only at what your exercise cells define.
-4. Hand in the notebook file itself (`notebooks/ID/ID.ipynb`), with your answers in the exercise cells.
+5. Hand in the notebook file itself (`notebooks/ID/ID.ipynb`), with your answers in the exercise cells.
 
 Grading runs your notebook top to bottom and, separately, runs the hidden tests on the functions and classes your
 exercise cells define. Code that reaches into the grader, IPython or private parts of PyTorch is flagged for your
@@ -186,9 +198,12 @@ def _fill_url(path: Path, url: str | None) -> None:
     nbformat.write(nb, path)
 
 
-def _write_jupyter_config(dest: Path) -> None:
+def _write_jupyter_config(dest: Path, root: Path) -> None:
     folder = dest / JUPYTER_DIR
     (folder / "labconfig").mkdir(parents=True, exist_ok=True)
+    defaults = root / REPO_JUPYTER_DIR / LAB_DEFAULTS
+    if defaults.is_file():
+        shutil.copyfile(defaults, folder / LAB_DEFAULTS)
     page = {"disabledExtensions": {name: True for name in INSTRUCTOR_LAB_PLUGINS}}
     server = {"ServerApp": {"jpserver_extensions": {name: False for name in INSTRUCTOR_SERVER_EXTENSIONS}}}
     (folder / "labconfig" / "page_config.json").write_text(json.dumps(page, indent=2) + "\n", encoding="utf-8")
@@ -245,7 +260,7 @@ def write_edition(course: Course, dest, force: bool = False, url: str | None = N
         readme = readme.replace(URL_PLACEHOLDER, _install_address(url, branch))
     (dest / "README.md").write_text(readme, encoding="utf-8")
     (dest / ".gitignore").write_text(GITIGNORE, encoding="utf-8")
-    _write_jupyter_config(dest)
+    _write_jupyter_config(dest, course.root)
     for path in dest.rglob("*"):
         if path.is_file():
             os.chmod(path, 0o755 if path.name == "course" else 0o644)
