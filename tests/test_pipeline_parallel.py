@@ -2,6 +2,7 @@
 interleaved schedule, the timed pipeline harness on real workers, and every plot."""
 
 import math
+from pathlib import Path
 
 import matplotlib
 
@@ -15,6 +16,7 @@ import labsupport  # noqa: E402
 from autograder.checks import pipeline_parallel as ref  # noqa: E402
 from labsupport.lessons import pipeline_parallel as lesson  # noqa: E402
 from labsupport.lessons.pipeline_parallel import interleaved  # noqa: E402
+from autograder.checks.pipeline_parallel import interleaved as ref_interleaved  # noqa: E402
 
 
 def test_demo_model_keeps_the_shape_and_stages_share_its_blocks():
@@ -78,18 +80,90 @@ def test_checkpoint_sweep_keeps_segment_inputs():
     torch.testing.assert_close(lesson.CheckpointedStage(model, every=4)(x), model(x))
 
 
-def test_interleaved_schedule_runs_each_unit_once_and_refuses_v1():
+def test_interleaved_reference_runs_each_unit_once_and_refuses_v1():
     for p, m, v in [(2, 4, 2), (4, 8, 2), (4, 4, 4), (3, 6, 3)]:
-        sched = interleaved.interleaved_schedule(p, m, v)
+        sched = ref_interleaved.interleaved_schedule(p, m, v)
         for ops in sched:
             assert sorted(ops) == sorted((op, mb, c) for op in "FB" for mb in range(m) for c in range(v))
-        sim = interleaved.simulate_interleaved(p, m, v, 1.0, 2.0)
+        sim = ref_interleaved.simulate_interleaved(p, m, v, 1.0, 2.0)
         assert math.isclose(sim["bubble_fraction"], (p - 1) / (v * m + p - 1), rel_tol=1e-9)
         assert math.isclose(sim["makespan"], (m + (p - 1) / v) * 3.0, rel_tol=1e-9)
     with pytest.raises(ValueError, match="v must be at least 2"):
-        interleaved.interleaved_schedule(4, 8, 1)
+        ref_interleaved.interleaved_schedule(4, 8, 1)
     with pytest.raises(ValueError, match="multiple of p"):
-        interleaved.interleaved_schedule(4, 6, 2)
+        ref_interleaved.interleaved_schedule(4, 6, 2)
+
+
+def test_the_lesson_holds_the_references_interleaved_runs_as_data_only():
+    """Notebook 05 draws interleaving from stored spans: they equal the reference simulation (kept in the checks,
+    which students do not receive), and the lesson module ships no function but the one that reads them."""
+    import inspect
+
+    for key in ref_interleaved.STORED_SIZES:
+        assert interleaved.simulated(*key) == ref_interleaved.simulate_interleaved(*key), key
+    assert sorted(interleaved.SIZES) == sorted(ref_interleaved.STORED_SIZES)
+    functions = [name for name, obj in vars(interleaved).items() if inspect.isfunction(obj)]
+    assert functions == ["simulated"], functions
+    with pytest.raises(ValueError, match="only these"):
+        interleaved.simulated(4, 12, 2)
+
+
+NOTEBOOK = Path(__file__).resolve().parent.parent / "solutions/05_pipeline_parallel/05_pipeline_parallel.ipynb"
+
+
+def _visible_test_error(answer_id: str, answer: str) -> str:
+    """Run notebook 05's setup, the solutions before ``answer_id``, ``answer`` in its place and the visible test of
+    ``answer_id``, in a real kernel; the visible test's error ("" when it passes)."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    ids = [c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells]
+    cells = []
+    for cell, gid in zip(nb.cells, ids):
+        if gid == answer_id:
+            cells += [answer, next(c.source for c, g in zip(nb.cells, ids) if g == f"test_{answer_id}_visible")]
+            break
+        if gid == "setup" or (cell.metadata.get("nbgrader", {}).get("solution")):
+            cells.append(cell.source)
+    run = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    run.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    NotebookClient(run, timeout=240, kernel_name="python3", allow_errors=True,
+                   resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
+    return "".join(f"{o.ename}: {o.evalue}" for o in run.cells[-1].outputs if o.output_type == "error")
+
+
+def _solution(grade_id: str) -> str:
+    import nbformat
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    return next(c.source for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+
+
+RECEIVE = ("x = torch.empty_like(microbatches[mb])\n                dist.recv(x, src=rank - 1)\n"
+           "                x.requires_grad_()")
+
+
+@pytest.mark.parametrize("reused", [
+    # one buffer, a new leaf of it for every micro-batch: 1F1B on 2 ranks hides it (stage 1 runs each backward
+    # right after its forward), GPipe does not
+    "buf = buf if 'buf' in locals() else torch.empty_like(microbatches[mb])\n"
+    "                dist.recv(buf, src=rank - 1)\n                x = buf.detach().requires_grad_()",
+    # the buffer itself made the leaf
+    "buf = buf if 'buf' in locals() else torch.empty_like(microbatches[mb])\n"
+    "                dist.recv(buf, src=rank - 1)\n                x = buf.requires_grad_()",
+])
+def test_the_visible_test_catches_a_reused_receive_buffer(reused):
+    solution = _solution("run_pipeline")
+    assert RECEIVE in solution
+    error = _visible_test_error("run_pipeline", solution.replace(RECEIVE, reused))
+    assert "differs from one-process training" in error, error
+    if "detach" in reused:
+        assert "A buffer received into for every micro-batch is overwritten" in error, error
+
+
+def test_the_visible_test_of_run_pipeline_passes_on_the_solution():
+    assert _visible_test_error("run_pipeline", _solution("run_pipeline")) == ""
 
 
 def gpipe_run(stage_module, schedule, microbatches, targets, loss_fn):

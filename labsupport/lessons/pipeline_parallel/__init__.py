@@ -13,7 +13,8 @@
 * ``spans_of(events)``: a rank's recorded spans as ``(start, end, op, mb)``, the format of a simulator's ``busy``.
 * ``LiveBytes``: a context that tracks every tensor created inside it and reports the bytes still alive (peak too).
 * ``checkpoint_sweep(...)``: activation checkpointing with ``torch.utils.checkpoint``, every ``k`` layers.
-* ``interleaved``: the interleaved 1F1B schedule (``v`` model chunks per rank) and its simulation.
+* ``interleaved``: Megatron-LM's interleaved 1F1B (``v`` model chunks per rank) for the sizes the notebook draws,
+  simulated; data only, no schedule and no simulator (``interleaved.simulated(p, m, v)``).
 * ``traffic``: the bytes a stage boundary carries per step, ``2 m b s h`` (``pp_boundary_bytes``, ``pp_stage_bytes``),
   counted on real workers (``gpipe_traffic``, ``traffic_report``) and set against data and tensor parallelism
   (``dp_bytes_per_rank``, ``tp_bytes_per_rank``, ``gpt_params``, ``volume_table``).

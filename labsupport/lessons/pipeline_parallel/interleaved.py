@@ -1,81 +1,122 @@
 """Interleaved 1F1B (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
-Megatron-LM", arXiv 2104.04473, §2.2.2), simulated.
+Megatron-LM", arXiv 2104.04473, §2.2.2), as notebook 05 draws it.
 
-Each of the ``p`` ranks holds ``v`` model chunks instead of one contiguous stage: with ``p = 2, v = 2`` the model's
-quarters go to ranks 0, 1, 0, 1. A micro-batch then crosses ``p * v`` virtual stages, each ``v`` times shorter, so
-filling and draining the pipe takes ``v`` times less time: the bubble is ``(p - 1) / v`` operations long instead of
-``p - 1``, for ``v`` times more messages. The order is Megatron-LM's: micro-batches go through in groups of ``p``;
-rank ``r`` warms up with ``2 (p - r - 1) + (v - 1) p`` forwards, then alternates, then drains. It needs ``m`` to be
-a multiple of ``p``.
+Each of the ``p`` ranks holds ``v`` model chunks instead of one contiguous stage: with ``p = 4, v = 2`` the model's
+eighths go to ranks 0, 1, 2, 3, 0, 1, 2, 3. A micro-batch then crosses ``p v`` virtual stages, each ``v`` times
+shorter, so filling and draining the pipe takes ``v`` times less time: the bubble is ``(p - 1) / v`` operations
+long instead of ``p - 1``, for ``v`` times more messages.
 
-``interleaved_schedule(p, m, v)`` gives per rank a list of ``(op, mb, chunk)``; ``simulate_interleaved(p, m, v,
-t_fwd, t_bwd)`` runs it with ``t_fwd`` / ``t_bwd`` the time of a whole stage's forward / backward (a chunk takes
-``1/v`` of it) and returns ``{"makespan", "bubble_fraction", "busy"}`` with ``busy`` entries ``(start, end, op, mb,
-chunk)``. Both require ``v >= 2``: with one chunk per rank this is plain 1F1B, which your own functions cover.
+Your ``simulate_schedule`` cannot run this schedule: its stages only wait for their neighbours, while here chunk
+``c + 1`` of a micro-batch on rank 0 waits for chunk ``c`` on the last rank. So this module holds no schedule and no
+simulator, only the result for the sizes the notebook draws: Megatron-LM's order on ``p = 4`` ranks, ``m = 8``
+micro-batches, ``v = 2`` and ``4`` chunks, simulated under the rules of your simulator (each operation starts as soon
+as its rank is free and what it waits for has finished; a chunk's forward or backward takes ``1/v`` of a stage's).
+
+``simulated(p, m, v, t_fwd=1.0, t_bwd=2.0)`` returns ``{"makespan", "bubble_fraction", "busy"}`` like your
+simulator, with ``busy`` entries ``(start, end, op, mb, chunk)``; ``SIZES`` lists the sizes it holds.
 """
 
 from __future__ import annotations
 
-__all__ = ["interleaved_schedule", "simulate_interleaved"]
+__all__ = ["SIZES", "simulated"]
+
+#: (p, m, v, t_fwd, t_bwd) -> per rank, its operations in order as (start, op, micro-batch, chunk).
+_STARTS = {
+    (4, 8, 2, 1.0, 2.0): [
+        [(0.0, 'F', 0, 0), (0.5, 'F', 1, 0), (1.0, 'F', 2, 0), (1.5, 'F', 3, 0), (2.0, 'F', 0, 1), (2.5, 'F', 1, 1),
+         (3.0, 'F', 2, 1), (3.5, 'F', 3, 1), (4.0, 'F', 4, 0), (4.5, 'F', 5, 0), (5.0, 'F', 6, 0), (7.0, 'B', 0, 1),
+         (8.0, 'F', 7, 0), (8.5, 'B', 1, 1), (10.0, 'F', 4, 1), (10.5, 'B', 2, 1), (11.5, 'F', 5, 1),
+         (12.0, 'B', 3, 1), (13.0, 'F', 6, 1), (13.5, 'B', 0, 0), (14.5, 'F', 7, 1), (15.0, 'B', 1, 0),
+         (16.0, 'B', 2, 0), (17.5, 'B', 3, 0), (19.0, 'B', 4, 1), (20.5, 'B', 5, 1), (22.0, 'B', 6, 1),
+         (23.5, 'B', 7, 1), (24.5, 'B', 4, 0), (25.5, 'B', 5, 0), (26.5, 'B', 6, 0), (27.5, 'B', 7, 0)],
+        [(0.5, 'F', 0, 0), (1.0, 'F', 1, 0), (1.5, 'F', 2, 0), (2.0, 'F', 3, 0), (2.5, 'F', 0, 1), (3.0, 'F', 1, 1),
+         (3.5, 'F', 2, 1), (4.0, 'F', 3, 1), (4.5, 'F', 4, 0), (6.0, 'B', 0, 1), (7.0, 'F', 5, 0), (7.5, 'B', 1, 1),
+         (8.5, 'F', 6, 0), (9.0, 'B', 2, 1), (10.0, 'F', 7, 0), (10.5, 'B', 3, 1), (11.5, 'F', 4, 1),
+         (12.0, 'B', 0, 0), (13.0, 'F', 5, 1), (13.5, 'B', 1, 0), (14.5, 'F', 6, 1), (15.0, 'B', 2, 0),
+         (16.0, 'F', 7, 1), (16.5, 'B', 3, 0), (18.0, 'B', 4, 1), (19.5, 'B', 5, 1), (21.0, 'B', 6, 1),
+         (22.5, 'B', 7, 1), (23.5, 'B', 4, 0), (24.5, 'B', 5, 0), (25.5, 'B', 6, 0), (26.5, 'B', 7, 0)],
+        [(1.0, 'F', 0, 0), (1.5, 'F', 1, 0), (2.0, 'F', 2, 0), (2.5, 'F', 3, 0), (3.0, 'F', 0, 1), (3.5, 'F', 1, 1),
+         (4.0, 'F', 2, 1), (5.0, 'B', 0, 1), (6.0, 'F', 3, 1), (6.5, 'B', 1, 1), (7.5, 'F', 4, 0), (8.0, 'B', 2, 1),
+         (9.0, 'F', 5, 0), (9.5, 'B', 3, 1), (10.5, 'F', 6, 0), (11.0, 'B', 0, 0), (12.0, 'F', 7, 0),
+         (12.5, 'B', 1, 0), (13.5, 'F', 4, 1), (14.0, 'B', 2, 0), (15.0, 'F', 5, 1), (15.5, 'B', 3, 0),
+         (16.5, 'F', 6, 1), (17.0, 'B', 4, 1), (18.0, 'F', 7, 1), (18.5, 'B', 5, 1), (20.0, 'B', 6, 1),
+         (21.5, 'B', 7, 1), (22.5, 'B', 4, 0), (23.5, 'B', 5, 0), (24.5, 'B', 6, 0), (25.5, 'B', 7, 0)],
+        [(1.5, 'F', 0, 0), (2.0, 'F', 1, 0), (2.5, 'F', 2, 0), (3.0, 'F', 3, 0), (3.5, 'F', 0, 1), (4.0, 'B', 0, 1),
+         (5.0, 'F', 1, 1), (5.5, 'B', 1, 1), (6.5, 'F', 2, 1), (7.0, 'B', 2, 1), (8.0, 'F', 3, 1), (8.5, 'B', 3, 1),
+         (9.5, 'F', 4, 0), (10.0, 'B', 0, 0), (11.0, 'F', 5, 0), (11.5, 'B', 1, 0), (12.5, 'F', 6, 0),
+         (13.0, 'B', 2, 0), (14.0, 'F', 7, 0), (14.5, 'B', 3, 0), (15.5, 'F', 4, 1), (16.0, 'B', 4, 1),
+         (17.0, 'F', 5, 1), (17.5, 'B', 5, 1), (18.5, 'F', 6, 1), (19.0, 'B', 6, 1), (20.0, 'F', 7, 1),
+         (20.5, 'B', 7, 1), (21.5, 'B', 4, 0), (22.5, 'B', 5, 0), (23.5, 'B', 6, 0), (24.5, 'B', 7, 0)],
+    ],
+    (4, 8, 4, 1.0, 2.0): [
+        [(0.0, 'F', 0, 0), (0.25, 'F', 1, 0), (0.5, 'F', 2, 0), (0.75, 'F', 3, 0), (1.0, 'F', 0, 1),
+         (1.25, 'F', 1, 1), (1.5, 'F', 2, 1), (1.75, 'F', 3, 1), (2.0, 'F', 0, 2), (2.25, 'F', 1, 2),
+         (2.5, 'F', 2, 2), (2.75, 'F', 3, 2), (3.0, 'F', 0, 3), (3.25, 'F', 1, 3), (3.5, 'F', 2, 3),
+         (3.75, 'F', 3, 3), (4.0, 'F', 4, 0), (4.25, 'F', 5, 0), (4.5, 'F', 6, 0), (5.5, 'B', 0, 3), (6.0, 'F', 7, 0),
+         (6.25, 'B', 1, 3), (7.0, 'F', 4, 1), (7.25, 'B', 2, 3), (7.75, 'F', 5, 1), (8.0, 'B', 3, 3),
+         (8.5, 'F', 6, 1), (8.75, 'B', 0, 2), (9.25, 'F', 7, 1), (9.5, 'B', 1, 2), (10.0, 'F', 4, 2),
+         (10.25, 'B', 2, 2), (10.75, 'F', 5, 2), (11.0, 'B', 3, 2), (11.5, 'F', 6, 2), (11.75, 'B', 0, 1),
+         (12.25, 'F', 7, 2), (12.5, 'B', 1, 1), (13.0, 'F', 4, 3), (13.25, 'B', 2, 1), (13.75, 'F', 5, 3),
+         (14.0, 'B', 3, 1), (14.5, 'F', 6, 3), (14.75, 'B', 0, 0), (15.25, 'F', 7, 3), (15.5, 'B', 1, 0),
+         (16.0, 'B', 2, 0), (16.75, 'B', 3, 0), (17.5, 'B', 4, 3), (18.25, 'B', 5, 3), (19.0, 'B', 6, 3),
+         (19.75, 'B', 7, 3), (20.25, 'B', 4, 2), (20.75, 'B', 5, 2), (21.25, 'B', 6, 2), (21.75, 'B', 7, 2),
+         (22.25, 'B', 4, 1), (22.75, 'B', 5, 1), (23.25, 'B', 6, 1), (23.75, 'B', 7, 1), (24.25, 'B', 4, 0),
+         (24.75, 'B', 5, 0), (25.25, 'B', 6, 0), (25.75, 'B', 7, 0)],
+        [(0.25, 'F', 0, 0), (0.5, 'F', 1, 0), (0.75, 'F', 2, 0), (1.0, 'F', 3, 0), (1.25, 'F', 0, 1),
+         (1.5, 'F', 1, 1), (1.75, 'F', 2, 1), (2.0, 'F', 3, 1), (2.25, 'F', 0, 2), (2.5, 'F', 1, 2),
+         (2.75, 'F', 2, 2), (3.0, 'F', 3, 2), (3.25, 'F', 0, 3), (3.5, 'F', 1, 3), (3.75, 'F', 2, 3),
+         (4.0, 'F', 3, 3), (4.25, 'F', 4, 0), (5.0, 'B', 0, 3), (5.5, 'F', 5, 0), (5.75, 'B', 1, 3),
+         (6.25, 'F', 6, 0), (6.5, 'B', 2, 3), (7.0, 'F', 7, 0), (7.25, 'B', 3, 3), (7.75, 'F', 4, 1),
+         (8.0, 'B', 0, 2), (8.5, 'F', 5, 1), (8.75, 'B', 1, 2), (9.25, 'F', 6, 1), (9.5, 'B', 2, 2),
+         (10.0, 'F', 7, 1), (10.25, 'B', 3, 2), (10.75, 'F', 4, 2), (11.0, 'B', 0, 1), (11.5, 'F', 5, 2),
+         (11.75, 'B', 1, 1), (12.25, 'F', 6, 2), (12.5, 'B', 2, 1), (13.0, 'F', 7, 2), (13.25, 'B', 3, 1),
+         (13.75, 'F', 4, 3), (14.0, 'B', 0, 0), (14.5, 'F', 5, 3), (14.75, 'B', 1, 0), (15.25, 'F', 6, 3),
+         (15.5, 'B', 2, 0), (16.0, 'F', 7, 3), (16.25, 'B', 3, 0), (17.0, 'B', 4, 3), (17.75, 'B', 5, 3),
+         (18.5, 'B', 6, 3), (19.25, 'B', 7, 3), (19.75, 'B', 4, 2), (20.25, 'B', 5, 2), (20.75, 'B', 6, 2),
+         (21.25, 'B', 7, 2), (21.75, 'B', 4, 1), (22.25, 'B', 5, 1), (22.75, 'B', 6, 1), (23.25, 'B', 7, 1),
+         (23.75, 'B', 4, 0), (24.25, 'B', 5, 0), (24.75, 'B', 6, 0), (25.25, 'B', 7, 0)],
+        [(0.5, 'F', 0, 0), (0.75, 'F', 1, 0), (1.0, 'F', 2, 0), (1.25, 'F', 3, 0), (1.5, 'F', 0, 1),
+         (1.75, 'F', 1, 1), (2.0, 'F', 2, 1), (2.25, 'F', 3, 1), (2.5, 'F', 0, 2), (2.75, 'F', 1, 2),
+         (3.0, 'F', 2, 2), (3.25, 'F', 3, 2), (3.5, 'F', 0, 3), (3.75, 'F', 1, 3), (4.0, 'F', 2, 3), (4.5, 'B', 0, 3),
+         (5.0, 'F', 3, 3), (5.25, 'B', 1, 3), (5.75, 'F', 4, 0), (6.0, 'B', 2, 3), (6.5, 'F', 5, 0),
+         (6.75, 'B', 3, 3), (7.25, 'F', 6, 0), (7.5, 'B', 0, 2), (8.0, 'F', 7, 0), (8.25, 'B', 1, 2),
+         (8.75, 'F', 4, 1), (9.0, 'B', 2, 2), (9.5, 'F', 5, 1), (9.75, 'B', 3, 2), (10.25, 'F', 6, 1),
+         (10.5, 'B', 0, 1), (11.0, 'F', 7, 1), (11.25, 'B', 1, 1), (11.75, 'F', 4, 2), (12.0, 'B', 2, 1),
+         (12.5, 'F', 5, 2), (12.75, 'B', 3, 1), (13.25, 'F', 6, 2), (13.5, 'B', 0, 0), (14.0, 'F', 7, 2),
+         (14.25, 'B', 1, 0), (14.75, 'F', 4, 3), (15.0, 'B', 2, 0), (15.5, 'F', 5, 3), (15.75, 'B', 3, 0),
+         (16.25, 'F', 6, 3), (16.5, 'B', 4, 3), (17.0, 'F', 7, 3), (17.25, 'B', 5, 3), (18.0, 'B', 6, 3),
+         (18.75, 'B', 7, 3), (19.25, 'B', 4, 2), (19.75, 'B', 5, 2), (20.25, 'B', 6, 2), (20.75, 'B', 7, 2),
+         (21.25, 'B', 4, 1), (21.75, 'B', 5, 1), (22.25, 'B', 6, 1), (22.75, 'B', 7, 1), (23.25, 'B', 4, 0),
+         (23.75, 'B', 5, 0), (24.25, 'B', 6, 0), (24.75, 'B', 7, 0)],
+        [(0.75, 'F', 0, 0), (1.0, 'F', 1, 0), (1.25, 'F', 2, 0), (1.5, 'F', 3, 0), (1.75, 'F', 0, 1),
+         (2.0, 'F', 1, 1), (2.25, 'F', 2, 1), (2.5, 'F', 3, 1), (2.75, 'F', 0, 2), (3.0, 'F', 1, 2),
+         (3.25, 'F', 2, 2), (3.5, 'F', 3, 2), (3.75, 'F', 0, 3), (4.0, 'B', 0, 3), (4.5, 'F', 1, 3),
+         (4.75, 'B', 1, 3), (5.25, 'F', 2, 3), (5.5, 'B', 2, 3), (6.0, 'F', 3, 3), (6.25, 'B', 3, 3),
+         (6.75, 'F', 4, 0), (7.0, 'B', 0, 2), (7.5, 'F', 5, 0), (7.75, 'B', 1, 2), (8.25, 'F', 6, 0),
+         (8.5, 'B', 2, 2), (9.0, 'F', 7, 0), (9.25, 'B', 3, 2), (9.75, 'F', 4, 1), (10.0, 'B', 0, 1),
+         (10.5, 'F', 5, 1), (10.75, 'B', 1, 1), (11.25, 'F', 6, 1), (11.5, 'B', 2, 1), (12.0, 'F', 7, 1),
+         (12.25, 'B', 3, 1), (12.75, 'F', 4, 2), (13.0, 'B', 0, 0), (13.5, 'F', 5, 2), (13.75, 'B', 1, 0),
+         (14.25, 'F', 6, 2), (14.5, 'B', 2, 0), (15.0, 'F', 7, 2), (15.25, 'B', 3, 0), (15.75, 'F', 4, 3),
+         (16.0, 'B', 4, 3), (16.5, 'F', 5, 3), (16.75, 'B', 5, 3), (17.25, 'F', 6, 3), (17.5, 'B', 6, 3),
+         (18.0, 'F', 7, 3), (18.25, 'B', 7, 3), (18.75, 'B', 4, 2), (19.25, 'B', 5, 2), (19.75, 'B', 6, 2),
+         (20.25, 'B', 7, 2), (20.75, 'B', 4, 1), (21.25, 'B', 5, 1), (21.75, 'B', 6, 1), (22.25, 'B', 7, 1),
+         (22.75, 'B', 4, 0), (23.25, 'B', 5, 0), (23.75, 'B', 6, 0), (24.25, 'B', 7, 0)],
+    ],
+}
+
+#: The sizes ``simulated`` knows: (p, m, v, t_fwd, t_bwd).
+SIZES = sorted(_STARTS)
 
 
-def _validate(p: int, m: int, v: int) -> None:
-    if v < 2:
-        raise ValueError("v must be at least 2; v = 1 is plain 1F1B (use one_f_one_b_schedule and simulate_schedule)")
-    if p < 1 or m < 1 or m % p:
-        raise ValueError(f"the interleaved schedule needs m to be a multiple of p, got p={p}, m={m}")
-
-
-def interleaved_schedule(num_ranks: int, num_microbatches: int, v: int) -> list:
-    p, m = num_ranks, num_microbatches
-    _validate(p, m, v)
-    total = m * v
-
-    def unit(k, backward):  # the k-th forward (backward) a rank runs: which micro-batch, which chunk
-        group = k // p
-        chunk = group % v
-        return (k // (p * v)) * p + k % p, (v - 1 - chunk) if backward else chunk
-
-    out = []
-    for r in range(p):
-        warm = min(2 * (p - r - 1) + (v - 1) * p, total)
-        ops = [("F", *unit(k, False)) for k in range(warm)]
-        for i in range(total - warm):
-            ops += [("F", *unit(warm + i, False)), ("B", *unit(i, True))]
-        ops += [("B", *unit(k, True)) for k in range(total - warm, total)]
-        out.append(ops)
-    return out
-
-
-def simulate_interleaved(num_ranks: int, num_microbatches: int, v: int, t_fwd: float = 1.0,
-                         t_bwd: float = 2.0) -> dict:
-    p = num_ranks
-    schedule = interleaved_schedule(num_ranks, num_microbatches, v)
-    last = p * v - 1  # the last virtual stage
-    done, free, nxt = {}, [0.0] * p, [0] * p
-    busy = [[] for _ in range(p)]
-    left = sum(len(ops) for ops in schedule)
-    while left:
-        placed = False
-        for r in range(p):
-            while nxt[r] < len(schedule[r]):
-                op, mb, chunk = schedule[r][nxt[r]]
-                j = chunk * p + r  # virtual stage
-                if op == "F":
-                    needs = [("F", mb, j - 1)] if j > 0 else []
-                else:
-                    needs = [("F", mb, j)] + ([("B", mb, j + 1)] if j < last else [])
-                if any(n not in done for n in needs):
-                    break
-                start = max([free[r]] + [done[n] for n in needs])
-                end = start + (t_fwd if op == "F" else t_bwd) / v
-                done[(op, mb, j)] = free[r] = end
-                busy[r].append((start, end, op, mb, chunk))
-                nxt[r] += 1
-                left -= 1
-                placed = True
-        if not placed:  # pragma: no cover (the order above always runs)
-            raise RuntimeError("interleaved schedule stalled")
-    makespan = max(free)
-    work = sum(e - s for spans in busy for s, e, *_ in spans)
+def simulated(p: int, m: int, v: int, t_fwd: float = 1.0, t_bwd: float = 2.0) -> dict:
+    """Megatron-LM's interleaved 1F1B for ``p`` ranks, ``m`` micro-batches and ``v`` chunks per rank, with
+    ``t_fwd`` / ``t_bwd`` the time of a whole stage's forward / backward: ``{"makespan", "bubble_fraction",
+    "busy"}``, ``busy`` per rank a list of ``(start, end, op, mb, chunk)``."""
+    key = (p, m, v, float(t_fwd), float(t_bwd))
+    if key not in _STARTS:
+        raise ValueError(f"only these (p, m, v, t_fwd, t_bwd) are stored: {SIZES}; got {key}")
+    busy = [[(start, start + (t_fwd if op == "F" else t_bwd) / v, op, mb, chunk) for start, op, mb, chunk in ops]
+            for ops in _STARTS[key]]
+    makespan = max(spans[-1][1] for spans in busy)
+    work = sum(end - start for spans in busy for start, end, *_ in spans)
     return {"makespan": makespan, "bubble_fraction": 1 - work / (p * makespan), "busy": busy}
