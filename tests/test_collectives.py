@@ -86,3 +86,78 @@ def test_comm_counts_bars_and_expected_ticks():
 def test_bad_arguments(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Notebooks 01-03: demos that run the student's code on workers ask require_visible first
+
+
+def _gating_problems(path, unused=None):
+    """Every code cell that runs an exercise on workers (directly, or through a function of an earlier cell that
+    uses one) calls ``labsupport.require_visible`` for each exercise it uses, before its first ``labsupport.run``
+    after the exercise is first mentioned: a deadlocking answer makes the demo skip at once, not wait out its time
+    limit. ``unused``: {text of a demo cell: exercises that a function it calls mentions but it does not run}.
+    Returns the problems found and the number of demos."""
+    import re
+    from pathlib import Path
+
+    import nbformat
+
+    nb = nbformat.read(Path(__file__).resolve().parent.parent / path, as_version=4)
+    exercises = {c.metadata["nbgrader"]["grade_id"] for c in nb.cells
+                 if c.metadata.get("nbgrader", {}).get("solution")}
+    uses = {}  # function defined in a demo cell -> the exercises it runs
+
+    def mentioned(source):
+        found = set()
+        for name in exercises:
+            if re.search(rf"(?<![\w.\"']){re.escape(name)}\b(?![\"'])", source):
+                found.add(name)
+        for fn, names in uses.items():
+            if re.search(rf"(?<![\w.]){re.escape(fn)}\b", source):
+                found |= names
+        return found
+
+    problems, demos = [], 0
+    for cell in nb.cells:
+        source = cell.source
+        if (cell.cell_type != "code" or cell.metadata.get("nbgrader", {}).get("solution")
+                or cell.metadata.get("nbgrader", {}).get("grade") or source.startswith("%%visible_test")):
+            continue
+        needed = mentioned(source)
+        for match in re.finditer(r"^def (\w+)\(", source, flags=re.M):
+            end = re.search(r"\n(?=\S)", source[match.end():])  # the next line that is not indented
+            body = source[match.start(): match.end() + end.start()] if end else source[match.start():]
+            if mentioned(body):
+                uses[match.group(1)] = mentioned(body)
+        if not needed or "labsupport.run(" not in source:
+            continue
+        demos += 1
+        needed -= next((names for marker, names in (unused or {}).items() if marker in source), set())
+        first = min(m.start() for name in needed
+                    for m in [re.search(rf"(?<![\w.\"']){re.escape(name)}\b(?![\"'])", source)] +
+                    [re.search(rf"(?<![\w.]){re.escape(fn)}\b", source) for fn, names in uses.items()
+                     if name in names] if m)
+        runs = [m.start() for m in re.finditer(r"labsupport\.run\(", source) if m.start() > first]
+        gates = [m.start() for m in re.finditer(r"labsupport\.require_visible\(", source)]
+        if runs and (not gates or min(gates) > runs[0]):
+            problems.append(f"runs the student's code before labsupport.require_visible: {source[:120]!r}")
+        for name in needed:
+            if f'require_visible("{name}")' not in source and not (
+                    f'"{name}"' in source and re.search(r"require_visible\((?!\")", source)):
+                problems.append(f"does not ask require_visible about {name}: {source[:120]!r}")
+        if "finish the exercise" not in source:
+            problems.append(f"does not tell the student to finish the exercises: {source[:120]!r}")
+    return problems, demos
+
+
+@pytest.mark.parametrize("path, demos, unused", [
+    ("solutions/01_collectives/01_collectives.ipynb", 2, None),
+    ("solutions/02_ring_allreduce/02_ring_allreduce.ipynb", 3, None),
+    # the bucket-size sweep runs wrapper("naive") and wrapper("bucketed") only
+    ("solutions/03_data_parallel/03_data_parallel.ipynb", 5, {"CAPS_MB = ": {"OverlapDDP"}}),
+])
+def test_demos_of_01_to_03_skip_at_once_while_an_exercise_fails(path, demos, unused):
+    problems, found = _gating_problems(path, unused)
+    assert not problems, "\n".join(problems)
+    assert found == demos
