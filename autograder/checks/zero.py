@@ -32,6 +32,7 @@ import torch
 import torch.nn as nn
 
 from ._common import PROBE_TIMEOUT, call_student, draw_seed, run_on_workers, short, tolerance
+from ._memory import MemoryWatch, fmt_bytes
 
 __all__ = ["check_model_state_bytes", "check_ShardedOptimizer", "check_Zero2Optimizer", "ZeroProbeNet",
            "reference_model_state_bytes"]
@@ -44,6 +45,11 @@ WORLD_SIZES = (2, 3, 4)
 #: modules, 5 s of CPU on an idle core, far more on a loaded machine); a deadlock is still stopped well inside the
 #: grader's cell time-out, since the first world size that fails ends the check.
 PROBE_TIMEOUT_ZERO = max(PROBE_TIMEOUT, 100.0)
+#: The optimizer whose run is measured by a census of the worker's memory (its state is two tensors per element,
+#: the clearest signal); the census costs about a tenth of a second of CPU per rank, so it is taken once per run.
+CENSUS_CONFIG = "AdamW"
+#: Bytes a rank may keep beyond the model, its gradients and its shard (a few scalars of bookkeeping).
+CENSUS_SLACK = 512
 
 
 def reference_model_state_bytes(num_params, dp_degree, stage, k=12):
@@ -235,6 +241,11 @@ def _step_failure(setup, step, rank, world, model, oracle, names, left, calls, p
     return None
 
 
+def _model_tensors(model):
+    """A model's parameters and their gradients: what the check itself holds (and ZeRO-1 keeps the gradients)."""
+    return [t for p in model.parameters() for t in (p, p.grad) if t is not None]
+
+
 def _kept_storage_elements(opts) -> int:
     """Elements of the distinct storages behind the tensors the optimizers update: a slice of a bigger tensor keeps
     all of it alive."""
@@ -282,6 +293,43 @@ def _state_failure(setup, rank, world, opt, oracle_opt, psi, largest, pad, zero2
     return None
 
 
+def _census_failure(setup, rank, world, watch, opt, known, psi, largest, pad, kinds, elt):
+    """What this rank keeps alive after step() beyond the model, its gradients and the check's own tensors, from a
+    census of the whole worker process (``_memory``), not from the student's attributes. Only the optimizer state,
+    parameters and gradients of the optimizers found in the student's object count as its shard, each up to about
+    1/N of the model. Collective: every rank calls it."""
+    import torch.distributed as dist
+
+    from labsupport.lessons.zero import find_optimizers
+
+    kept = watch.kept(known)
+    watch.close()
+    measured = kept.total
+    share = (psi / world + largest + pad) * elt
+    opts = find_optimizers(opt)
+    state = [v for o in opts for s in o.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    params = [p for o in opts for g in o.param_groups for p in g["params"] if isinstance(p, torch.Tensor)]
+    kept.explain(state, kinds * share + 8 * len(state))  # 8 B: a step counter per parameter
+    kept.explain(params, share)
+    kept.explain([p.grad for p in params if p.grad is not None], share)
+    beyond = kept.total
+    together = torch.tensor([float(measured)], dtype=torch.float64)
+    dist.all_reduce(together)
+    one_copy = (kinds + 2) * (psi + pad) * elt + world * CENSUS_SLACK
+    watch.measured = (measured, beyond)  # for the report of a run (bytes kept beyond the model, beyond the shard)
+    if beyond > CENSUS_SLACK:
+        return (f"{setup}: rank {rank} keeps {fmt_bytes(beyond)} of tensors alive after step() beyond its shard "
+                f"({fmt_bytes(CENSUS_SLACK)} allowed): the full optimizer state (or another full-size copy of the "
+                "model's data) is still held somewhere (a closure, a list, a global, an attribute) — keep only this "
+                f"rank's shard, in the optimizer you build over it. Largest: {kept.largest()}.")
+    if together.item() > one_copy:
+        return (f"{setup}: the {world} ranks together keep {fmt_bytes(together.item())} of tensors alive after step() "
+                f"beyond the model and its gradients, more than one sharded copy of the optimizer state, parameters "
+                f"and gradients ({fmt_bytes(one_copy)}): a full copy is held on every rank — keep only this rank's "
+                "shard.")
+    return None
+
+
 def _probe(cls, cls_name, zero2, seed):
     import torch.distributed as dist
 
@@ -300,6 +348,8 @@ def _probe(cls, cls_name, zero2, seed):
         pad = world * len(trainable)  # room for padding, up to one partial row per parameter
         oracle_opt = optimizer_cls(oracle.parameters(), **kwargs)
         setup = f"{cls_name}(model.parameters(), torch.optim.{opt_name}, **{kwargs}) on {world} ranks (seed {seed})"
+        opt = None
+        watch = MemoryWatch() if opt_name == CENSUS_CONFIG else None
         opt = call_student(f"{cls_name}(...) with torch.optim.{opt_name}", cls, model.parameters(), optimizer_cls,
                        **kwargs)
         volumes = []
@@ -324,10 +374,20 @@ def _probe(cls, cls_name, zero2, seed):
                                     pad, opt, zero2, volumes)
             if step == 0:  # collective: every rank calls it
                 state_failure = _state_failure(setup, rank, world, opt, oracle_opt, psi, largest, pad, zero2)
-                failure = failure or state_failure
+                census_failure = None
+                if watch is not None:
+                    kinds = _state_elements([oracle_opt]) // psi
+                    known = [X, Y, *_model_tensors(model), *_model_tensors(oracle)]
+                    known += [v for s in oracle_opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+                    census_failure = _census_failure(setup, rank, world, watch, opt, known, psi, largest, pad, kinds,
+                                                     trainable[0].element_size())
+                    census = watch.measured
+                failure = failure or state_failure or census_failure
             if _stop_if_any(failure):
                 return None
         report.append((opt_name, max(volumes) / (psi * trainable[0].element_size())))
+        if watch is not None:
+            report.append(("census", *census))  # bytes kept beyond the model, and beyond the shard
     return report
 
 
