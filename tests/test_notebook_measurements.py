@@ -15,6 +15,8 @@ matplotlib.use("Agg")
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 import demo_submissions as demo  # noqa: E402
 
+from labsupport import visible  # noqa: E402
+
 COLLECTIVES = ["broadcast", "reduce", "all_reduce", "gather", "all_gather", "scatter", "reduce_scatter", "all_to_all"]
 
 
@@ -30,6 +32,7 @@ def _namespace_with_answers(aid: str, answers: list[str]) -> tuple[dict, list]:
     exec(_python(nb.cells[demo.index(nb, "setup")].source), ns)
     for grade_id in answers:
         exec(nb.cells[demo.index(nb, grade_id)].source, ns)
+        visible._RESULTS[grade_id] = {"solution": visible._Outcome(visible.PASSES)}  # as if its visible test passed
     return ns, nb.cells
 
 
