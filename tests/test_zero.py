@@ -1,9 +1,13 @@
 """labsupport.lessons.zero: the paper's numbers, the byte counting, the traffic accounting and the plots."""
 
+import re
+from pathlib import Path
+
 import matplotlib
 
 matplotlib.use("Agg")
 
+import nbformat
 import pytest
 import torch
 import torch.nn as nn
@@ -87,5 +91,71 @@ def test_plots_draw(world_size):
     assert len(fig.axes[0].lines) >= 1
     rows = [{"label": "x", "measured": {"parameters": 10, "gradients": 5}, "calculated": 15}]
     fig = lesson.plot_measured(rows)
-    assert fig.axes[0].get_ylabel() == "MB per rank"
+    assert fig.axes[0].get_ylabel() == "KiB per rank"
     matplotlib.pyplot.close("all")
+
+
+NOTEBOOK = Path(__file__).resolve().parent.parent / "solutions/06_zero/06_zero.ipynb"
+
+
+def _cells(grade_id=None):
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    if grade_id is None:
+        return nb.cells
+    return next(c.source for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+
+
+def _visible_test_error(answer_id: str, answer: str) -> str:
+    """Run notebook 06's setup, the solutions before ``answer_id``, ``answer`` in its place and the visible test of
+    ``answer_id``, in a real kernel; the visible test's error ("" when it passes)."""
+    from nbclient import NotebookClient
+
+    cells = []
+    for cell in _cells():
+        gid = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if gid == answer_id:
+            cells += [answer, _cells(f"test_{answer_id}_visible")]
+            break
+        if gid == "setup" or cell.metadata.get("nbgrader", {}).get("solution"):
+            cells.append(cell.source)
+    run = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    run.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    NotebookClient(run, timeout=240, kernel_name="python3", allow_errors=True,
+                   resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
+    return "".join(f"{o.ename}: {o.evalue}" for o in run.cells[-1].outputs if o.output_type == "error")
+
+
+GREEDY = """        self.owner = {}
+        loads = [0] * self.world_size
+        for p in sorted(self.params, key=lambda p: p.numel(), reverse=True):   # largest first (a stable sort)
+            r = loads.index(min(loads))                                         # the least-loaded rank
+            self.owner[p] = r
+            loads[r] += p.numel()
+"""
+ROUND_ROBIN = "        self.owner = {p: i % self.world_size for i, p in enumerate(self.params)}\n"
+
+
+def test_the_visible_test_names_round_robin_owners_unbalanced():
+    """Owners dealt out in turn: AdamW's weights are still right (the first case passes), the shares are not."""
+    solution = _cells("ShardedOptimizer")
+    assert GREEDY in solution
+    error = _visible_test_error("ShardedOptimizer", solution.replace(GREEDY, ROUND_ROBIN))
+    assert "rank 0 owns 256 of the 288 elements" in error and "the owners are unbalanced" in error, error
+
+
+def test_the_visible_test_of_ShardedOptimizer_passes_on_the_solution():
+    assert _visible_test_error("ShardedOptimizer", _cells("ShardedOptimizer")) == ""
+
+
+def test_demos_skip_at_once_while_an_exercise_fails():
+    """Each demo that runs the student's optimizers on workers first asks ``require_visible`` for them."""
+    demos = [c.source for c in _cells() if c.cell_type == "code" and "except NOT_READY" in c.source
+             and "labsupport.run(" in c.source]
+    assert len(demos) == 2
+    for source in demos:
+        body = source.split("\ntry:\n", 1)[1]
+        gated = re.findall(r'^    labsupport\.require_visible\("(\w+)"\)', body, flags=re.M)
+        assert gated and body.index("require_visible") < body.index("labsupport.run("), source[:200]
+        assert 'print("finish the exercises first:"' in body, source[:200]
+        uses = {name for name in ("ShardedOptimizer", "Zero2Optimizer") if re.search(rf"\b{name}\b", source)}
+        assert uses <= set(gated), (uses, gated)

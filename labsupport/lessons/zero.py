@@ -276,14 +276,14 @@ def plot_measured(rows, title: str = "bytes per rank: measured (bars) and calcul
     for i, row in enumerate(rows):
         bottom = 0.0
         for kind, colour in zip(kinds, colours):
-            value = row["measured"].get(kind, 0) / 1e6
+            value = row["measured"].get(kind, 0) / 1024
             ax.bar(i, value, bottom=bottom, color=colour, label=kind if i == 0 else None, width=0.7)
             bottom += value
-        ax.plot([i - 0.38, i + 0.38], [row["calculated"] / 1e6] * 2, color="black", lw=2,
+        ax.plot([i - 0.38, i + 0.38], [row["calculated"] / 1024] * 2, color="black", lw=2,
                 label="calculated" if i == 0 else None)
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels([row["label"] for row in rows], fontsize=8)
-    ax.set_ylabel("MB per rank")
+    ax.set_ylabel("KiB per rank")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()
