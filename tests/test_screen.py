@@ -132,6 +132,98 @@ CHEATS = {
     "kill the grader": ("import os\nos.kill(os.getppid(), 9)", "sends a signal"),
     "socket": ("import socket\nsocket.socket(socket.AF_UNIX).connect('/tmp/x')", "opens sockets"),
     "globals": ("g = globals()", "uses globals()"),
+    # what syntax hides: a constant name is screened as the attribute it spells
+    "getattr, folded": ("def f(err):\n    return getattr(err, 'tb_' + 'frame').f_locals",
+                        "reads a frame (tb_frame), written as getattr(err, 'tb_' + 'frame')"),
+    "getattr, f-string": ("def f(err):\n    return getattr(err, f\"{'tb'}_frame\")", "reads a frame (tb_frame)"),
+    "getattr, name bound to a constant": ("NAME = 'f_' + 'back'\ndef f(frame):\n    return getattr(frame, NAME)",
+                                          "reads a frame (f_back), written as getattr(frame, NAME)"),
+    "getattr, loop over constants": ("def f(g):\n    for n in ('gi_frame', 'x'):\n        getattr(g, n)",
+                                     "reads a frame (gi_frame)"),
+    "getattr, reversed": ("def f(e):\n    return getattr(e, 'emarf_bt'[::-1])", "reads a frame (tb_frame)"),
+    "getattr, joined": ("def f(e):\n    return getattr(e, ''.join(['tb', '_frame']))", "reads a frame (tb_frame)"),
+    "getattr, format": ("def f(e):\n    return getattr(e, '{}_{}'.format('tb', 'frame'))", "reads a frame"),
+    "getattr, private": ("def f(pg, t):\n    getattr(pg, '_get_' + 'backend')(t.device).allreduce([t])",
+                         "uses a private name (pg._get_backend), written as getattr"),
+    "hasattr, private": ("def f(pg):\n    return hasattr(pg, '_get_backend')", "uses a private name (pg._get_backend)"),
+    "setattr, code": ("def f(fn, g):\n    setattr(fn, '__co' + 'de__', g.__code__)",
+                      "touches __code__, written as setattr"),
+    "delattr, wrapped": ("def f(fn):\n    delattr(fn, '__wrapped__')", "touches __wrapped__"),
+    "vars()[...]": ("def f(x):\n    return vars(x)['__wrapped__']", "wrapper), written as vars(x)['__wrapped__']"),
+    "__dict__[...]": ("def f(e):\n    return e.__dict__['tb_frame']",
+                      "reads a frame (tb_frame), written as e.__dict__"),
+    "__dict__.get": ("def f(e):\n    return e.__dict__.get('f_locals')", "reads a frame (f_locals)"),
+    "object.__getattribute__": ("def f(fn):\n    return object.__getattribute__(fn, '__wrapped__')",
+                                "wrapper), written as object.__getattribute__(fn, '__wrapped__')"),
+    "attrgetter": ("import operator\nget = operator.attrgetter('tb_frame.f_back')", "reads a frame (f_back)"),
+    "module attribute by a folded name": ("def f():\n    return getattr(labsupport, 'ta' + 'p').observers()",
+                                          "reaches the communication recording (labsupport.tap)"),
+    # binding a name hides nothing
+    "private name bound as a parameter": (
+        "def f(x, _get_default_store=None):\n    return dist.distributed_c10d._get_default_store()",
+        "uses a private name (dist.distributed_c10d._get_default_store) on line 2"),
+    "private name bound as a parameter, getattr": (
+        "def f(x, _get_default_store=None):\n    return getattr(dist.distributed_c10d, '_get_default_store')()",
+        "reaches the rendezvous store (_get_default_store)"),
+    "private name bound as a local": ("def f(pg, t):\n    _get_backend = None\n    pg._get_backend(t.device)",
+                                      "uses a private name (pg._get_backend) on line 3"),
+    "private name defined on self, read elsewhere": (
+        "class A:\n    def _get_backend(self):\n        pass\ndef f(pg):\n    return pg._get_backend()",
+        "uses a private name (pg._get_backend) on line 5"),
+    "module bound as a default": ("def f(x, c=dist.distributed_c10d):\n    return c._world",
+                                  "uses a private name (c._world)"),
+    "module bound to a local": ("def f():\n    t = torch\n    return t._C", "uses a private name (t._C)"),
+    # what honest answers never reach
+    "__wrapped__": ("def f(t):\n    dist.ProcessGroup.allreduce.__wrapped__(dist.group.WORLD, [t])",
+                    "touches __wrapped__"),
+    "__closure__": ("def f(g):\n    return g.__closure__[0].cell_contents", "touches __closure__"),
+    "cell_contents": ("def f(cell):\n    return cell.cell_contents", "reads a closure cell (cell_contents)"),
+    "__defaults__": ("def f(g):\n    g.__defaults__ = (1,)", "touches __defaults__"),
+    "the tap": ("from labsupport import tap\nfor o in tap.observers():\n    tap.unsubscribe(o)",
+                "reaches the communication recording (labsupport.tap) on lines 1, 2 and 3"),
+    "the tap, imported": ("import labsupport.tap as t", "reaches the communication recording (labsupport.tap)"),
+    "the tap, attribute": ("def f():\n    labsupport.tap.observers()", "reaches the communication recording"),
+    "the tap, in a string": ("m = sys.modules['labsupport.tap']", "names the communication recording"),
+    "TCPStore": ("def f(t):\n    s = dist.TCPStore(os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']), "
+                 "is_master=False)", "reaches the rendezvous store (TCPStore) on line 2"),
+    "FileStore": ("from torch.distributed import FileStore", "reaches the rendezvous store (FileStore)"),
+    "HashStore": ("s = dist.HashStore()", "reaches the rendezvous store (HashStore)"),
+    "PrefixStore": ("def f(s):\n    return dist.PrefixStore('x', s)", "reaches the rendezvous store (PrefixStore)"),
+    "default store": ("def f():\n    return dist.distributed_c10d._get_default_store()",
+                      "reaches the rendezvous store (_get_default_store)"),
+    "store based barrier": ("from torch.distributed.distributed_c10d import _store_based_barrier",
+                            "reaches the rendezvous store (_store_based_barrier)"),
+    "rendezvous": ("store, rank, world = next(dist.rendezvous('env://'))", "reaches the rendezvous store"),
+    "socket, from-import": ("from socket import create_connection", "opens sockets (socket)"),
+    "mmap": ("import mmap", "maps memory (mmap)"),
+    "shared memory": ("from multiprocessing import shared_memory", "uses multiprocessing"),
+    "shared memory, module": ("import multiprocessing.shared_memory as shm", "uses multiprocessing"),
+    "multiprocessing": ("import multiprocessing as mp\nq = mp.Queue()", "uses multiprocessing"),
+    "torch.multiprocessing": ("import torch.multiprocessing as tmp", "uses torch.multiprocessing"),
+    "traceback.walk_stack": ("import traceback\nfor frame, _ in traceback.walk_stack(None):\n    pass",
+                             "reads the stack's frames (traceback.walk_stack) on line 2"),
+    "traceback.extract_stack": ("from traceback import extract_stack", "traceback.extract_stack"),
+    "__traceback__": ("def f(e):\n    return e.__traceback__.tb_next", "reaches a traceback (__traceback__)"),
+    "sys.exc_info": ("import sys\ndef f():\n    return sys.exc_info()[2]", "reaches a traceback (sys.exc_info)"),
+    "frame of a generator": ("def f(g):\n    return g.gi_frame.f_locals", "reads a frame (gi_frame)"),
+    "threading.settrace": ("import threading\nthreading.settrace(print)", "installs a trace or profile hook"),
+    "sys.settrace": ("import sys\nsys.settrace(print)", "installs a trace or profile hook (sys.settrace)"),
+    "sys.setprofile": ("import sys\nsys.setprofile(print)", "installs a trace or profile hook (sys.setprofile)"),
+    "signal": ("import signal\nsignal.signal(signal.SIGALRM, print)", "handles signals"),
+    "os.kill, from-import": ("from os import kill\nkill(1, 9)", "sends a signal (os.kill)"),
+    "os.kill, getattr": ("import os\ngetattr(os, 'ki' + 'll')(1, 9)", "sends a signal (os.kill)"),
+    "/proc": ("import os\nx = open('/proc/' + str(os.getppid()) + '/environ').read()",
+              "names a path under /proc ('/proc/')"),
+    "/proc, f-string": ("import os\nx = os.listdir(f'/proc/{os.getppid()}/fd')", "names a path under /proc"),
+    "/dev/shm": ("p = '/dev/shm/answers'", "names a path under /dev/shm"),
+    "raw file descriptor": ("import os\nos.write(5, b'x')", "reads or writes a raw file descriptor (os.write)"),
+    "pickle.loads": ("import pickle\npickle.loads(b'')", "unpickles bytes, which can run any code"),
+    "marshal": ("import marshal\nc = marshal.loads(b'')", "turns code into bytes and back (marshal)"),
+    "types.CodeType": ("import types\nc = types.CodeType", "builds or reads code"),
+    "torch.from_file": ("t = torch.from_file('x.bin', shared=True, size=4)", "maps a file into a tensor"),
+    "storage sharing": ("def f(t):\n    t.untyped_storage()._share_filename_cpu_()",
+                        "shares a tensor's memory with other processes (t.untyped_storage()._share_filename_cpu_)"),
+    "share_memory_": ("def f(t):\n    t.share_memory_()", "shares a tensor's memory with other processes"),
 }
 
 
@@ -152,9 +244,67 @@ def test_cheat_is_flagged(name):
     "def f(self):\n    setattr(self, 'x', 1)",
     "def swap(module, name, p):\n    module._parameters[name] = p\n    setattr(module, name, p)",
     "import sys\nprint('x', file=sys.stderr)",
+    # attributes by a constant name, honest ones
+    "import os\nCORES = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()",
+    "def f(attn):\n    for name in ('q_proj', 'k_proj'):\n        setattr(attn, name, getattr(attn, name))",
+    "def f(self):\n    for dim in ('tp', 'dp'):\n        setattr(self, f'{dim}_group', None)",
+    "def f(p):\n    return p.grad.to_local() if hasattr(p.grad, 'to_local') else p.grad",
+    "def f(meta):\n    return getattr(torch, meta['dtype'])",
+    "import traceback\ntry:\n    pass\nexcept Exception:\n    traceback.print_exc()",
+    # the course's own attributes, read from self
+    "class Stage:\n    def __init__(self):\n        self._send = None\n    def step(self):\n        return self._send",
+    "def step(grads, scale):\n    torch._foreach_div_(grads, scale)",
+    # files under the folder the check hands over
+    "import os, json, shutil\ndef save(shard, numel, directory):\n    os.makedirs(directory, exist_ok=True)\n"
+    "    path = os.path.join(directory, f'shard_{dist.get_rank()}.bin')\n    with open(path + '.tmp', 'wb') as f:\n"
+    "        f.write(shard.numpy())\n    os.replace(path + '.tmp', path)\n"
+    "    shutil.rmtree(os.path.join(directory, 'old'), ignore_errors=True)",
+    "import os\ndef load(directory, n):\n    return torch.from_file(os.path.join(directory, 'a.bin'), size=n)",
+    "from pathlib import Path\ndef save(t, directory):\n    torch.save(t, Path(directory) / 'state.pt')",
 ])
 def test_honest_code_is_not_flagged(source):
     assert screen_source(source, MODULES) == []
+
+
+def test_what_syntax_hides_is_flagged_as_the_syntax():
+    """A constant name (however folded) gives the flag of the attribute it spells, and says how it was written."""
+    plain = screen_source("def f(err):\n    return err.tb_frame", MODULES)
+    hidden = screen_source("def f(err):\n    return getattr(err, 'tb' + '_' + 'frame')", MODULES)
+    assert plain == ["reads a frame (tb_frame) on line 2"], plain
+    assert hidden == ["reads a frame (tb_frame), written as getattr(err, 'tb' + '_' + 'frame') on line 2"], hidden
+
+
+def test_a_flag_names_every_line():
+    reasons = screen_source("import os\nx = 1\nos.kill(1, 9)\nos.kill(2, 9)\nos.kill(3, 9)", MODULES)
+    assert reasons == ["sends a signal (os.kill) on lines 3, 4 and 5"], reasons
+
+
+def test_binding_a_private_name_never_hides_it():
+    """Whatever the cell binds under a private name of the communication stack (a parameter, a local, a method of
+    its own class), that name read from anything but the cell's own ``self`` is flagged."""
+    for binding in ("def f(x, {n}=None):\n    pass", "{n} = None", "def {n}():\n    pass",
+                    "class A:\n    def {n}(self):\n        pass", "class A:\n    {n} = None",
+                    "for {n} in range(2):\n    pass"):
+        for name in ("_get_default_store", "_get_backend", "_world", "_store_based_barrier"):
+            use = f"def g(pg):\n    return pg.{name}"
+            reasons = screen_source(binding.format(n=name) + "\n" + use, MODULES)
+            assert any(f"pg.{name}" in r for r in reasons), (binding, name, reasons)
+            module = f"def g():\n    return dist.distributed_c10d.{name}"
+            reasons = screen_source(binding.format(n=name) + "\n" + module, MODULES)
+            assert any(f"dist.distributed_c10d.{name}" in r for r in reasons), (binding, name, reasons)
+
+
+def test_own_attribute_is_exempt_only_on_self():
+    cls = "class A:\n    def __init__(self):\n        self._store = {}\n"
+    assert screen_source(cls + "    def f(self):\n        return self._store", MODULES) == []
+    reasons = screen_source(cls + "def f(pg):\n    return pg._store", MODULES)
+    assert reasons == ["uses a private name (pg._store) on line 5"], reasons
+
+
+def test_every_lesson_is_screened():
+    """Each lesson's solution notebook (new ones too) is among those whose answers must screen clean."""
+    lessons = sorted(p.name for p in (REPO / "solutions").iterdir() if p.is_dir() and p.name[:2].isdigit())
+    assert lessons and [p.parent.name for p in SOLUTIONS] == lessons
 
 
 def test_unchanged_instructor_cells_are_not_screened():
@@ -166,6 +316,7 @@ def test_unchanged_instructor_cells_are_not_screened():
                  nbformat.v4.new_code_cell("import gc\ngc.collect()  # mine")]
     flags = screen_notebook(sub, release)
     assert [f.cell for f in flags] == ["cell 2 ('import gc')"], flags
+    assert str(flags[0]).endswith("uses gc (the garbage collector's view of every object) on lines 1 and 2"), flags
 
 
 def test_python_source_turns_magics_into_calls():

@@ -1,13 +1,16 @@
-"""What the screen looks for: the modules, names, attributes and calls that are flags by themselves, the private
-names of the communication stack and of the course's packages (``private_internals``), and which paths count as
-inside the notebook's folder.
+"""What the screen looks for: the modules, dotted paths, names and attributes that are flags by themselves, the
+private names of the communication stack and of the course's packages (``private_internals``), and which paths
+count as inside the notebook's folder.
+
+A path, a name or an attribute counts however it is spelled: ``getattr(x, "tb_" + "frame")`` is screened as
+``x.tb_frame`` (the walker folds constant strings), so each table here says what is flagged, not how it is written.
 """
 
 from __future__ import annotations
 
 import ast
 
-#: Modules whose import alone is a flag.
+#: Modules whose import alone is a flag (and every use of them: ``import multiprocessing.shared_memory``).
 FLAGGED_MODULES = {
     "autograder": "imports the grader (autograder)",
     "builtins": "imports builtins",
@@ -18,44 +21,177 @@ FLAGGED_MODULES = {
     "subprocess": "starts processes (subprocess)",
     "signal": "handles signals",
     "socket": "opens sockets (socket)",
+    "socketserver": "opens sockets (socketserver)",
+    "mmap": "maps memory (mmap)",
+    "multiprocessing": "uses multiprocessing (other processes, shared memory)",
+    "marshal": "turns code into bytes and back (marshal)",
+    "copyreg": "changes how objects are pickled (copyreg)",
+    "dill": "pickles code (dill)",
+    "cloudpickle": "pickles code (cloudpickle)",
+    "dis": "reads compiled code (dis)",
+    "code": "runs an interactive interpreter (code)",
+    "codeop": "compiles code (codeop)",
+    "runpy": "runs other modules (runpy)",
+    "pdb": "uses a debugger (pdb)",
+    "bdb": "uses a debugger (bdb)",
+    "trace": "traces execution (trace)",
+    "posix": "uses the posix module (what os is built on)",
     "IPython": "uses IPython's machinery",
     "ipykernel": "uses the kernel's machinery",
     "nbgrader": "imports nbgrader",
     "nbclient": "imports nbclient",
     "jupyter_client": "imports jupyter_client",
 }
+_SIGNAL = "sends a signal ({})"
+_SHELL = "runs a shell command ({})"
+_PROCESS = "starts or replaces a process ({})"
+_TRACE = "installs a trace or profile hook ({})"
+_TRACEBACK = "reads the stack's frames ({})"
+_RAW_FD = "reads or writes a raw file descriptor ({})"
+_CODE = "builds or reads code, frames or closures directly ({})"
+_UNPICKLE = "unpickles bytes, which can run any code ({})"
+#: Dotted paths (a module, or a name in one) whose use is a flag, with everything under them: what the path
+#: stands for however it is reached (``from os import kill``, ``os.kill``, ``getattr(os, "kill")``).
+FLAGGED_PATHS = {
+    "labsupport.tap": "reaches the communication recording (labsupport.tap)",
+    "multiprocessing.shared_memory": "uses shared memory (multiprocessing.shared_memory)",
+    "torch.multiprocessing": "uses torch.multiprocessing (other processes, shared memory)",
+    "concurrent.futures.ProcessPoolExecutor": "starts processes (concurrent.futures.ProcessPoolExecutor)",
+    "concurrent.futures.process": "starts processes (concurrent.futures.process)",
+    "torch.distributed.rpc": "uses RPC (torch.distributed.rpc)",
+    "torch.distributed.rendezvous": "reaches the rendezvous store (torch.distributed.rendezvous)",
+    "torch.distributed.Store": "reaches the rendezvous store (torch.distributed.Store)",
+    "torch.from_file": "maps a file into a tensor (torch.from_file)",
+    "urllib.request": "opens network connections (urllib.request)",
+    "http.client": "opens network connections (http.client)",
+    "xmlrpc": "opens network connections (xmlrpc)",
+    "os.system": _SHELL.format("os.system"), "os.popen": _SHELL.format("os.popen"),
+    "os.kill": _SIGNAL.format("os.kill"), "os.killpg": _SIGNAL.format("os.killpg"),
+    "os.pidfd_open": _SIGNAL.format("os.pidfd_open"), "os.abort": "aborts the process (os.abort)",
+    "os.chdir": "changes the working directory (os.chdir)",
+    "sys.settrace": _TRACE.format("sys.settrace"), "sys.setprofile": _TRACE.format("sys.setprofile"),
+    "sys.monitoring": _TRACE.format("sys.monitoring"), "sys.addaudithook": "installs an audit hook (sys.addaudithook)",
+    "threading.settrace": _TRACE.format("threading.settrace"),
+    "threading.setprofile": _TRACE.format("threading.setprofile"),
+    "threading.settrace_all_threads": _TRACE.format("threading.settrace_all_threads"),
+    "threading.setprofile_all_threads": _TRACE.format("threading.setprofile_all_threads"),
+    "sys.exc_info": "reaches a traceback (sys.exc_info)", "sys.exception": "reaches a traceback (sys.exception)",
+    "sys.last_traceback": "reaches a traceback (sys.last_traceback)",
+    "sys.last_exc": "reaches a traceback (sys.last_exc)", "sys.last_value": "reaches a traceback (sys.last_value)",
+    "pickle.loads": _UNPICKLE.format("pickle.loads"), "pickle.load": _UNPICKLE.format("pickle.load"),
+    "pickle.Unpickler": _UNPICKLE.format("pickle.Unpickler"),
+    "types.CodeType": _CODE.format("types.CodeType"), "types.FunctionType": _CODE.format("types.FunctionType"),
+    "types.CellType": _CODE.format("types.CellType"), "types.FrameType": _CODE.format("types.FrameType"),
+    "types.TracebackType": _CODE.format("types.TracebackType"),
+}
+for _name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "execv", "execve", "execl", "execle", "execlp",
+              "execlpe", "execvp", "execvpe", "spawnv", "spawnve", "spawnl", "spawnle", "spawnlp", "spawnvp"):
+    FLAGGED_PATHS[f"os.{_name}"] = _PROCESS.format(f"os.{_name}")
+for _name in ("read", "write", "pread", "pwrite", "readv", "writev", "sendfile", "fdopen", "dup", "dup2", "pipe",
+              "pipe2", "memfd_create", "mkfifo", "openpty", "splice", "copy_file_range"):
+    FLAGGED_PATHS[f"os.{_name}"] = _RAW_FD.format(f"os.{_name}")
+for _name in ("walk_stack", "walk_tb", "extract_stack", "extract_tb", "StackSummary", "FrameSummary",
+              "TracebackException", "print_stack", "format_stack", "clear_frames"):
+    FLAGGED_PATHS[f"traceback.{_name}"] = _TRACEBACK.format(f"traceback.{_name}")
+_STORE = "reaches the rendezvous store ({})"
+#: The rendezvous store's classes and functions: a flag wherever they are named (attribute, import or name).
+STORE_NAMES = {name: _STORE.format(name) for name in (
+    "TCPStore", "FileStore", "HashStore", "PrefixStore", "_get_default_store", "_store_based_barrier",
+    "_get_process_group_store", "_create_store_from_options", "_CLIENT_STORE")}
 #: Names whose mere use is a flag.
 FLAGGED_NAMES = {
     "exec": "calls exec", "eval": "calls eval", "compile": "calls compile", "__import__": "calls __import__",
     "get_ipython": "uses get_ipython", "__builtins__": "uses __builtins__", "globals": "uses globals()",
     "vars": "uses vars()", "breakpoint": "calls breakpoint", "autograder": "names the grader (autograder)",
+    **STORE_NAMES,
 }
-#: Attributes whose use is a flag wherever they appear.
+_FRAME = "reads a frame ({})"
+#: Attributes whose use is a flag wherever they appear (on any object, by syntax or by a constant name).
 FLAGGED_ATTRIBUTES = {
     "__code__": "touches __code__", "__globals__": "touches __globals__", "__builtins__": "touches __builtins__",
-    "__closure__": "touches __closure__", "__subclasses__": "touches __subclasses__", "__import__": "calls __import__",
-    "__loader__": "touches __loader__", "__spec__": "touches __spec__", "f_globals": "reads a frame (f_globals)",
-    "f_locals": "reads a frame (f_locals)", "f_back": "reads a frame (f_back)", "f_builtins": "reads a frame",
-    "f_code": "reads a frame (f_code)", "tb_frame": "reads a frame (tb_frame)", "gi_frame": "reads a frame",
-    "cr_frame": "reads a frame", "modules": None,  # sys.modules: see _attribute
+    "__closure__": "touches __closure__ (a function's captured variables)",
+    "cell_contents": "reads a closure cell (cell_contents)",
+    "__wrapped__": "touches __wrapped__ (the original function behind a wrapper)",
+    "__defaults__": "touches __defaults__", "__kwdefaults__": "touches __kwdefaults__",
+    "__subclasses__": "touches __subclasses__", "__import__": "calls __import__",
+    "__loader__": "touches __loader__", "__spec__": "touches __spec__",
+    "__traceback__": "reaches a traceback (__traceback__)",
+    **{name: _FRAME.format(name) for name in (
+        "f_globals", "f_locals", "f_back", "f_builtins", "f_code", "f_trace", "f_lasti", "tb_frame", "tb_next",
+        "gi_frame", "gi_code", "gi_yieldfrom", "cr_frame", "cr_code", "cr_await", "ag_frame", "ag_code")},
+    **STORE_NAMES,
+    "modules": None,  # sys.modules: see the walker
 }
-#: Calls on a module that are flags: (module, attribute).
-FLAGGED_CALLS = {
-    ("os", "system"): "runs a shell command (os.system)", ("os", "popen"): "runs a shell command (os.popen)",
-    ("os", "kill"): "sends a signal (os.kill)", ("os", "killpg"): "sends a signal (os.killpg)",
-    ("os", "fork"): "forks the process", ("os", "execv"): "replaces the process", ("os", "execl"): "replaces the process",
-    ("os", "execvp"): "replaces the process", ("os", "chdir"): "changes the working directory",
-    ("sys", "setprofile"): "installs a profiler hook", ("sys", "settrace"): "installs a trace hook",
-    ("sys", "addaudithook"): "installs an audit hook", ("sys", "exit"): None,
-}
+#: Attributes of tensors and storages that share memory with other processes or map files: a flag on any object.
+SHARED_MEMORY_ATTRIBUTES = {"share_memory_", "share_memory", "_share_memory_", "from_file", "_share_fd_cpu_",
+                            "_share_filename_cpu_", "_share_cuda_", "_new_shared", "_new_shared_cuda",
+                            "_new_shared_fd_cpu", "_new_shared_filename_cpu", "_new_using_fd_cpu",
+                            "_new_using_filename_cpu", "_new_with_file", "_set_from_file", "_get_shared_fd",
+                            "_shared_incref", "_shared_decref", "_release_ipc_counter", "_release_ipc_counter_cuda",
+                            "_get_filename", "_write_file", "_cdata", "_set_cdata", "_weak_ref", "_new_with_weak_ptr",
+                            "_free_weak_ref", "_resize_with_addr_", "_swap_data_ptr_"}
+
+
+def shared_memory_reason(attr: str, shown: str) -> str:
+    if attr in ("from_file", "_new_with_file", "_set_from_file", "_write_file", "_get_filename"):
+        return f"maps a file into a tensor ({shown})"
+    if attr in ("_cdata", "_set_cdata", "_weak_ref", "_new_with_weak_ptr", "_free_weak_ref", "_resize_with_addr_",
+                "_swap_data_ptr_"):
+        return f"handles a tensor's memory by address ({shown})"
+    return f"shares a tensor's memory with other processes ({shown})"
+
+
+def path_reason(dotted: str) -> str | None:
+    """Why the dotted path (``os.kill``, ``labsupport.tap.observers``) is a flag, None if it is not."""
+    parts = dotted.split(".")
+    if parts[0] in FLAGGED_MODULES:
+        return FLAGGED_MODULES[parts[0]]
+    for i in range(len(parts), 0, -1):
+        reason = FLAGGED_PATHS.get(".".join(parts[:i]))
+        if reason:
+            return reason
+    if parts[0] == "labsupport" and "tap" in parts:
+        return FLAGGED_PATHS["labsupport.tap"]
+    for part in parts[1:]:
+        if part in STORE_NAMES:
+            return STORE_NAMES[part]
+    return None
+
+
 #: Calls that open, write or remove files: (module or None for a builtin, name).
 FILE_CALLS = {
-    (None, "open"), ("io", "open"), ("os", "open"), ("os", "remove"), ("os", "unlink"), ("os", "rename"),
-    ("os", "replace"), ("os", "rmdir"), ("os", "removedirs"), ("os", "makedirs"), ("os", "mkdir"),
-    ("os", "symlink"), ("os", "link"), ("os", "truncate"), ("os", "chmod"), ("shutil", "copy"),
-    ("shutil", "copyfile"), ("shutil", "copytree"), ("shutil", "rmtree"), ("shutil", "move"),
+    (None, "open"), ("io", "open"), ("io", "FileIO"), ("os", "open"), ("os", "remove"), ("os", "unlink"),
+    ("os", "rename"), ("os", "replace"), ("os", "rmdir"), ("os", "removedirs"), ("os", "makedirs"), ("os", "mkdir"),
+    ("os", "symlink"), ("os", "link"), ("os", "truncate"), ("os", "chmod"), ("os", "listdir"), ("os", "scandir"),
+    ("shutil", "copy"), ("shutil", "copyfile"), ("shutil", "copytree"), ("shutil", "rmtree"), ("shutil", "move"),
     ("pathlib", "Path"), (None, "Path"), ("torch", "save"), ("torch", "load"),
 }
+#: Words in a string (constant, or folded from constants) that are a flag.
+FLAGGED_STRINGS = {
+    "autograder": "names the grader (autograder) in a string",
+    "labsupport.tap": "names the communication recording (labsupport.tap) in a string",
+}
+
+
+def string_reason(text: str) -> list[str]:
+    """Why a string the cell spells is a flag: it names the grader or the tap, or a path under /proc or /dev/shm."""
+    found = [reason for word, reason in FLAGGED_STRINGS.items() if word in text]
+    for root in ("/proc", "/dev/shm", "/dev/mem"):
+        at = text.find(root)
+        if at >= 0 and text[at + len(root):at + len(root) + 1] in ("", "/"):
+            shown = text if len(text) <= 40 else text[:37] + "..."
+            found.append(f"names a path under {root} ({shown!r})")
+    return found
+
+
+#: Modules whose attributes honest answers look up by a computed name (``getattr(torch, meta["dtype"])``).
+COMPUTED_NAMES_ALLOWED = {"torch"}
+
+
+def allowed_private_path(dotted: str) -> bool:
+    """Private in name only: torch's ``_foreach_`` operations (what optimizers and gradient scalers use)."""
+    parts = dotted.split(".")
+    return parts[0] == "torch" and len(parts) == 2 and parts[1].startswith("_foreach_")
 
 
 def _private(name: str) -> bool:
