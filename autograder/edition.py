@@ -87,7 +87,8 @@ with no GPU.
 Needs Python 3.10+ and bash (Linux or macOS). `./course plan` says what set-up would do, without installing
 anything. Conda users: `conda env create -f environment.yml`, activate it, then `COURSE_VENV=none ./course lab`.
 
-On Colab or Kaggle, install the course package into the notebook's Python first (the provided torch is kept):
+On Colab or Kaggle, install the course package into the notebook's Python first. It brings only what the notebooks
+need; the runtime's torch, Jupyter and IPython are kept:
 
 ```python
 %pip install -q "git+<URL of this repository>"

@@ -1,6 +1,8 @@
-"""The set-up promises: one dependency list in two formats, a wheel with every package in it, and a README
-whose quick start CI really runs."""
+"""The set-up promises: one dependency list in two formats, a light install for a running Colab or Kaggle kernel
+(the lab and the test tools in extras), a wheel with every package in it, and a README whose quick start CI really
+runs."""
 
+import os
 import re
 import shutil
 import subprocess
@@ -33,7 +35,8 @@ CONDA_BUILD = {"pytorch": "cpu*"}
 
 def test_environment_yml_lists_the_same_packages_as_pyproject():
     project = _pyproject()["project"]
-    wanted = [str(Requirement(r)) for r in project["dependencies"] + project["optional-dependencies"]["test"]]
+    extras = project["optional-dependencies"]
+    wanted = [str(Requirement(r)) for r in project["dependencies"] + extras["lab"] + extras["test"]]
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
     listed = [str(Requirement(r)) for r in pip_section if not r.startswith("-")]
@@ -49,6 +52,58 @@ def test_environment_yml_lists_the_same_packages_as_pyproject():
     assert set(listed) == set(wanted), (f"only in environment.yml: {set(listed) - set(wanted)}; "
                                         f"only in pyproject: {set(wanted) - set(listed)}")
     assert "-e ." in pip_section
+
+
+# what a Colab or Kaggle runtime already has under its own kernel, or only the lab, the grader and the tests use
+LAB_PACKAGES = {"jupyterlab", "notebook", "jupyter-server", "jupyterlab-server", "jupyter-client", "jupyter-core",
+                "ipykernel", "ipython", "ipywidgets", "traitlets", "nbgrader", "nbclient", "nbformat", "nbconvert",
+                "pytest", "pytest-timeout", "playwright", "pyyaml", "setuptools", "packaging", "tomli", "ruff"}
+
+
+def _names(requirements) -> set[str]:
+    return {Requirement(r).name.lower().replace("_", "-") for r in requirements}
+
+
+def test_the_package_itself_needs_only_what_notebooks_run_with():
+    """`%pip install git+URL` into a running Colab or Kaggle kernel adds what the notebooks need and none of the
+    lab's packages, which would replace the versions the runtime pins under its own kernel. ./course lab installs
+    the lab extras, ./course test the test extras too."""
+    project = _pyproject()["project"]
+    light = _names(project["dependencies"])
+    assert light == {"torch", "numpy", "matplotlib", "cloudpickle", "psutil"}, light
+    assert not light & LAB_PACKAGES
+    extras = project["optional-dependencies"]
+    assert {"jupyterlab", "nbgrader", "ipykernel", "nbclient", "nbformat"} <= _names(extras["lab"])
+    assert {"pytest", "playwright"} <= _names(extras["test"]) and not _names(extras["test"]) & _names(extras["lab"])
+    assert "distributed-training-course[lab,test]" in extras["dev"]
+    script = (ROOT / "course").read_text()
+    assert 'setup lab\n' in script and 'setup lab,test\n' in script and '-e ".[$1]"' in script
+
+
+def test_labsupport_imports_without_the_lab(tmp_path):
+    """Every module of labsupport (the lessons, the plots, the GPU demos' helpers) imports with Jupyter, IPython,
+    nbgrader and the rest of the lab unimportable: at import time it needs only the light install."""
+    blocked = ["IPython", "ipykernel", "jupyter_client", "jupyter_core", "jupyterlab", "jupyter_server", "notebook",
+               "nbgrader", "nbclient", "nbformat", "nbconvert", "traitlets", "yaml", "pytest", "packaging"]
+    code = f"""
+import importlib, importlib.abc, pkgutil, sys
+BLOCKED = {blocked!r}
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"No module named {{name!r}} (blocked)", name=name)
+sys.meta_path.insert(0, Block())
+import labsupport
+names = [m.name for m in pkgutil.walk_packages(labsupport.__path__, "labsupport.")]
+for name in names:
+    importlib.import_module(name)
+print(len(names), "modules")
+"""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert int(proc.stdout.split()[-2]) > 20, proc.stdout
 
 
 def _packages():

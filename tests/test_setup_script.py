@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -40,7 +41,8 @@ dependencies = [
 ]
 
 [project.optional-dependencies]
-test = []
+lab = [{lab}]
+test = [{test}]
 
 [tool.setuptools]
 py-modules = []
@@ -77,7 +79,7 @@ def make_wheel(folder: Path, name: str, version: str, requires=()) -> Path:
 class Env:
     """A bare virtual environment, a fake project with a copy of ./course, and the folders pip may look in."""
 
-    def __init__(self, tmp_path: Path, extra_deps=()):
+    def __init__(self, tmp_path: Path, extra_deps=(), lab=(), test=()):
         self.root = tmp_path
         self.venv = tmp_path / "env"
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(self.venv)], check=True)
@@ -97,7 +99,8 @@ class Env:
         self.project.mkdir()
         shutil.copy2(ROOT / "course", self.project / "course")
         extra = "".join(f'\n    "{d}",' for d in extra_deps)
-        (self.project / "pyproject.toml").write_text(PYPROJECT.format(extra=extra))
+        (self.project / "pyproject.toml").write_text(PYPROJECT.format(
+            extra=extra, lab=", ".join(f'"{d}"' for d in lab), test=", ".join(f'"{d}"' for d in test)))
         self.wheels = tmp_path / "wheels"  # what the configured indexes offer (PIP_FIND_LINKS, no index)
         self.wheels.mkdir()
         self.cpu_index = tmp_path / "cpu-index" / "simple"  # stands for PyTorch's CPU index
@@ -180,6 +183,58 @@ def test_help_lists_every_command():
     for command in ("lab", "test", "setup", "plan"):
         assert re.search(rf"^\s*\./course {command}\b", proc.stdout, re.M), proc.stdout
     assert "COURSE_TORCH_SPEC" in proc.stdout
+
+
+@pytest.fixture(scope="module")
+def edition(tmp_path_factory):
+    from autograder.course import Course
+    from autograder.edition import write_edition
+
+    return write_edition(Course.at(ROOT), tmp_path_factory.mktemp("edition") / "course")
+
+
+def test_a_student_edition_has_no_test_command(edition):
+    """The edition has no tests/: its ./course neither offers `test` nor installs the test tools (Playwright...) to
+    run nothing; asked for it, it says how to check a notebook instead, before setting anything up."""
+    assert not (edition / "tests").exists()
+    proc = _ok(subprocess.run(["bash", str(edition / "course"), "help"], capture_output=True, text=True, timeout=30))
+    for command in ("lab", "setup", "plan"):
+        assert re.search(rf"^\s*\./course {command}\b", proc.stdout, re.M), proc.stdout
+    assert "./course test" not in proc.stdout, proc.stdout
+    proc = _failed(subprocess.run(["bash", str(edition / "course"), "test"], capture_output=True, text=True,
+                                  timeout=30))
+    assert "no test suite" in proc.stderr and ".venv/bin/python -m autograder check notebooks/ID/ID.ipynb" in \
+        proc.stderr, proc.stderr
+    assert not (edition / ".venv").exists()
+    proc = _failed(subprocess.run(["bash", str(edition / "course"), "tset"], capture_output=True, text=True,
+                                  timeout=30))
+    assert "(use: lab, setup, plan, help)" in proc.stderr, proc.stderr
+
+
+def test_setup_installs_the_lab_extras_and_the_test_tools_only_for_a_test_suite(tmp_path):
+    """./course lab needs the lab extras (JupyterLab, nbgrader), ./course test the test extras too; the stamp in
+    the virtual environment records both, so set-up runs again only for what is missing."""
+    env = Env(tmp_path, lab=["fake-lab"], test=["fake-test"])
+    env.install_torch("2.13.0+cpu")
+    env.offer("fake_lab", "1.0")
+    env.offer("fake_test", "1.0")
+    for module in ("labsupport", "autograder"):  # what set-up imports to see that the course is installed
+        (env.project / f"{module}.py").write_text("")
+    venv = {"COURSE_VENV": str(env.venv)}       # an existing environment: set-up keeps a stamp in it
+    proc = _ok(env.course("setup", **venv))      # a student edition: no tests/
+    assert "with its lab extras" in proc.stderr, proc.stderr
+    assert (env.installed("fake-lab"), env.installed("fake-test")) == ("1.0", "")
+    stamp = (env.venv / ".course-installed").read_text().split()
+    assert stamp[1:] == ["lab"]
+    proc = _ok(env.course("setup", **venv))
+    assert "installing" not in proc.stderr, proc.stderr  # nothing missing
+    (env.project / "tests").mkdir()              # the repository: setup is for the lab and the tests
+    proc = _ok(env.course("setup", **venv))
+    assert "with its lab,test extras" in proc.stderr, proc.stderr
+    assert (env.installed("fake-lab"), env.installed("fake-test")) == ("1.0", "1.0")
+    assert (env.venv / ".course-installed").read_text().split() == [stamp[0], "lab,test"]
+    proc = _ok(env.course("plan", **venv))
+    assert "with its lab,test extras" in proc.stdout, proc.stdout
 
 
 def test_plan_keeps_an_installed_torch(tmp_path):
@@ -298,3 +353,77 @@ def test_setup_stops_when_the_cpu_index_fails(tmp_path):
 def test_the_torch_floor_is_where_the_script_reads_it():
     """./course reads the course's lowest torch from a line `"torch>=X",` of pyproject.toml."""
     assert re.search(r'^\s*"torch>=[0-9][0-9.]*"', (ROOT / "pyproject.toml").read_text(), re.M)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the lab's settings: no pop-up asking about Jupyter's news feed
+
+
+NOTIFICATION = "@jupyterlab/apputils-extension:notification"
+
+
+def _lab_defaults(tmp_path: Path, config_path) -> dict:
+    """The defaults of JupyterLab's notification settings as a lab started with ``JUPYTER_CONFIG_PATH=config_path``
+    (None: unset) serves them through its settings API, with no user settings: what the page acts on. The news
+    pop-up shows when ``fetchNews`` is "none"."""
+    import json
+    import socket
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    home = tmp_path / f"lab-{port}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTER")}
+    env.update(JUPYTER_CONFIG_DIR=str(home / "config"), JUPYTER_DATA_DIR=str(home / "data"),
+               JUPYTER_RUNTIME_DIR=str(home / "runtime"), JUPYTERLAB_SETTINGS_DIR=str(home / "settings"),
+               JUPYTERLAB_WORKSPACES_DIR=str(home / "workspaces"))
+    if config_path is not None:
+        env["JUPYTER_CONFIG_PATH"] = str(config_path)
+    home.mkdir()
+    log = home / "lab.log"
+    with open(log, "w") as out:
+        lab = subprocess.Popen([sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}",
+                                "--ServerApp.port_retries=0", "--IdentityProvider.token=course",
+                                f"--ServerApp.root_dir={home}", "--allow-root"],
+                               env=env, stdout=out, stderr=subprocess.STDOUT, cwd=home)
+    try:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/lab/api/settings/{NOTIFICATION}",
+                                         headers={"Authorization": "token course"})
+        deadline = time.monotonic() + 100
+        while True:
+            try:
+                with urllib.request.urlopen(request, timeout=10) as response:
+                    answer = json.load(response)
+                break
+            except OSError:
+                assert lab.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline, "the lab did not answer: " + log.read_text()[-3000:]
+                time.sleep(0.5)
+    finally:
+        lab.terminate()
+        try:
+            lab.wait(30)
+        except subprocess.TimeoutExpired:
+            lab.kill()
+            lab.wait()
+    assert not answer["settings"], answer["settings"]  # no user settings: the defaults are what counts
+    return {name: spec.get("default") for name, spec in answer["schema"]["properties"].items()}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_the_lab_never_asks_about_jupyters_news(tmp_path, edition):
+    """JupyterLab's first start asks "Would you like to get notified about official Jupyter news?" while the
+    setting fetchNews is "none". The repository's jupyter-config/ and the edition's .jupyter/, which ./course lab
+    puts on JUPYTER_CONFIG_PATH, make it "false" in the running lab's settings (and leave the rest as it was)."""
+    from autograder.edition import JUPYTER_DIR, LAB_DEFAULTS, REPO_JUPYTER_DIR
+
+    script = (ROOT / "course").read_text()
+    assert 'JUPYTER_CONFIG_PATH="$here/jupyter-config' in script and 'JUPYTER_CONFIG_PATH="$here/.jupyter' in script
+    assert (edition / JUPYTER_DIR / LAB_DEFAULTS).read_text() == (ROOT / REPO_JUPYTER_DIR / LAB_DEFAULTS).read_text()
+    plain = _lab_defaults(tmp_path, None)
+    assert plain["fetchNews"] == "none", plain  # what a lab without the course's settings would ask
+    for folder in (ROOT / REPO_JUPYTER_DIR, edition / JUPYTER_DIR):
+        course = _lab_defaults(tmp_path, folder)
+        assert course == dict(plain, fetchNews="false", checkForUpdates=False), (folder, course)
