@@ -155,6 +155,11 @@ CHEATS = {
     "__dict__.get": ("def f(e):\n    return e.__dict__.get('f_locals')", "reads a frame (f_locals)"),
     "object.__getattribute__": ("def f(fn):\n    return object.__getattribute__(fn, '__wrapped__')",
                                 "wrapper), written as object.__getattribute__(fn, '__wrapped__')"),
+    "names listed by dir()": ("def f(e):\n    for n in dir(e):\n        if n.endswith('frame'):\n"
+                              "            return getattr(e, n)",
+                              "reaches attributes by the names dir() or __dict__ lists"),
+    "names listed by __dict__": ("def f(m):\n    return [getattr(m, n) for n in m.__dict__]",
+                                 "reaches attributes by the names dir() or __dict__ lists (getattr(m, n))"),
     "attrgetter": ("import operator\nget = operator.attrgetter('tb_frame.f_back')", "reads a frame (f_back)"),
     "module attribute by a folded name": ("def f():\n    return getattr(labsupport, 'ta' + 'p').observers()",
                                           "reaches the communication recording (labsupport.tap)"),

@@ -16,6 +16,7 @@ FLAGGED_MODULES = {
     "builtins": "imports builtins",
     "importlib": "uses importlib",
     "ctypes": "uses ctypes",
+    "cffi": "uses cffi (native code and memory)",
     "gc": "uses gc (the garbage collector's view of every object)",
     "inspect": "uses inspect",
     "subprocess": "starts processes (subprocess)",

@@ -63,6 +63,7 @@ class _Bindings:
         self.sequences: dict[str, set[str]] = {}
         self.modules = modules
         self.aliases: dict[str, str] = {}
+        self.listed: set[str] = set()  # names a loop takes from dir(x) or x.__dict__: any attribute at all
         for _ in range(3):  # chains: a = "tb_"; b = a + "frame"
             self._collect(tree)
         self.rooted = self._rooted_names(tree)
@@ -221,10 +222,23 @@ class _Bindings:
                 self._bind(t, v)
 
     def _bind_each(self, target, iterable) -> None:
+        if any(self._lists_attributes(n) for n in ast.walk(iterable)):
+            self.listed.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
         if isinstance(target, ast.Name):
             found = self.members(iterable)
             if found:
                 self.strings.setdefault(target.id, set()).update(found)
+
+    def _lists_attributes(self, node) -> bool:
+        """``dir(x)``, ``x.__dict__``, ``x.__dir__``, ``getattr(x, "__dict__")``: every attribute's name."""
+        if isinstance(node, ast.Attribute):
+            return node.attr in ("__dict__", "__dir__")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            if node.func.id == "dir":
+                return True
+            if node.func.id == "getattr" and len(node.args) >= 2:
+                return bool({"__dict__", "__dir__"} & (self.fold(node.args[1]) or set()))
+        return False
 
     def module_of(self, node) -> str | None:
         """The module path ``node`` stands for: a dotted name rooted at an import or an alias, or
@@ -512,6 +526,8 @@ class _Screen(ast.NodeVisitor):
         module = self.bindings.module_of(base)
         if module and module not in COMPUTED_NAMES_ALLOWED and not isinstance(name_node, ast.Constant):
             self.add(f"looks up a module attribute by a computed name ({spelled})", node)
+        if isinstance(name_node, ast.Name) and name_node.id in self.bindings.listed:
+            self.add(f"reaches attributes by the names dir() or __dict__ lists ({spelled})", node)
         if names is None:
             return
         for name in sorted(names):
