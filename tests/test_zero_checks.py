@@ -4,7 +4,8 @@ The implementations are written the way a student might: ZeRO-1 sharded by param
 broadcast from it) and flat (reduce-scatter, all-gather); ZeRO-2 with flat padded buffers, synchronised with an
 all-gather or with a broadcast from each shard's owner. The bugs: a plain optimizer on every rank (full state),
 shards never synchronised, every rank updating every parameter, owners that disagree, gradients all-reduced in
-ZeRO-2, the average forgotten, the full gradient kept after step(), a frozen parameter put in the shards.
+ZeRO-2, the average forgotten, the full gradient kept after step(), a frozen parameter put in the shards; and the
+full optimizer state kept out of the attributes' reach (in a closure, as numpy copies) behind a decoy optimizer.
 """
 
 import pytest
@@ -268,6 +269,96 @@ class Zero1OnlyOwnerCalls(Zero1ByParam):
                 dist.broadcast(p, src=self.rank)
 
 
+# Answers that keep the full optimizer state where the object's attributes do not lead (a decoy optimizer with no
+# state in the attribute): right weights, 2Ψ moved, nothing wrong in the attributes. The census of the worker's
+# memory finds the state.
+
+def _decoy(optimizer_cls, kwargs):
+    return optimizer_cls([torch.zeros(1, requires_grad=True)], **kwargs)
+
+
+class Zero1ClosureCheat:
+    """Cheat: the full optimizer lives in a closure; the attribute holds a decoy optimizer with no state."""
+
+    def __init__(self, params, optimizer_cls, **kwargs):
+        params = [p for p in params if p.requires_grad]
+        full, world = optimizer_cls(params, **kwargs), dist.get_world_size()
+
+        @torch.no_grad()
+        def step():
+            for p in params:
+                dist.all_reduce(p.grad)
+                p.grad /= world
+            full.step()
+
+        def zero_grad():
+            for p in params:
+                p.grad = None
+
+        self.step, self.zero_grad = step, zero_grad
+        self.optim = _decoy(optimizer_cls, kwargs)
+
+
+class Zero1NumpyCheat:
+    """Cheat: a full optimizer whose state is kept between steps only as numpy copies, in a closure."""
+
+    def __init__(self, params, optimizer_cls, **kwargs):
+        params = [p for p in params if p.requires_grad]
+        full, world, stash = optimizer_cls(params, **kwargs), dist.get_world_size(), []
+
+        @torch.no_grad()
+        def step():
+            for p in params:
+                dist.all_reduce(p.grad)
+                p.grad /= world
+            for p, st in stash:
+                full.state[p] = {k: torch.from_numpy(v.copy()) for k, v in st.items()}
+            full.step()
+            stash[:] = [(p, {k: v.numpy().copy() for k, v in full.state[p].items()}) for p in params]
+            full.state.clear()
+
+        def zero_grad():
+            for p in params:
+                p.grad = None
+
+        self.step, self.zero_grad = step, zero_grad
+        self.optim = _decoy(optimizer_cls, kwargs)
+
+
+class Zero2ClosureCheat:
+    """Cheat for ZeRO-2: reduce-scatter, then all-gather the averaged gradient and step a full optimizer kept in a
+    closure (no all-reduce, no .grad left, 2Ψ moved); a decoy optimizer in the attribute."""
+
+    def __init__(self, params, optimizer_cls, **kwargs):
+        params = [p for p in params if p.requires_grad]
+        full, world = optimizer_cls(params, **kwargs), dist.get_world_size()
+        total = sum(p.numel() for p in params)
+        size = -(-total // world)
+
+        @torch.no_grad()
+        def step():
+            flat = torch.zeros(size * world)
+            flat[:total] = torch.cat([p.grad.reshape(-1) for p in params])
+            mine = torch.empty(size)
+            dist.reduce_scatter(mine, list(flat.chunk(world)))
+            mine /= world
+            dist.all_gather(list(flat.chunk(world)), mine)
+            offset = 0
+            for p in params:
+                p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
+                offset += p.numel()
+            full.step()
+            for p in params:
+                p.grad = None
+
+        def zero_grad():
+            for p in params:
+                p.grad = None
+
+        self.step, self.zero_grad = step, zero_grad
+        self.optim = _decoy(optimizer_cls, kwargs)
+
+
 def test_collectives_called_by_the_owner_only_are_explained():
     with pytest.raises(AssertionError) as info:
         check_ShardedOptimizer(Zero1OnlyOwnerCalls)
@@ -293,6 +384,8 @@ def test_sharded_optimizer_correct_passes():
     (Zero1NoAverage, "differs from the unsharded"),
     (Zero1AllReduce, "moved 3.00Ψ"),
     (Zero1Todo, "not implemented yet"),
+    (Zero1ClosureCheat, "beyond its shard"),
+    (Zero1NumpyCheat, "a numpy array"),
 ])
 def test_sharded_optimizer_bugs_fail(impl, expected):
     with pytest.raises(AssertionError) as info:
@@ -468,6 +561,7 @@ def test_zero2_correct_passes():
     (Zero2NoPadding, "padded with zeros"),
     (Zero1PlainOptimizer, "all-reduced"),
     (Zero1ByParam, "still holds the gradient of"),
+    (Zero2ClosureCheat, "beyond its shard"),
 ])
 def test_zero2_bugs_fail(impl, expected):
     with pytest.raises(AssertionError) as info:

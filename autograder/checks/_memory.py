@@ -16,7 +16,9 @@ that is bigger than the tensor the check gave out counts its excess.
 
 Call it only from the check's own code, never while a student's function is on the stack.
 
-What a census cannot see: memory that no Python object reaches, such as C++ state outside autograd (a
+A tensor that C++ holds without a Python object is found through the tensor that owns it: the ``.grad`` autograd
+made (read for every tensor found), the tensors saved in an autograd graph (walked from every tensor's ``grad_fn``
+and every live autograd node). What a census cannot see: memory that no Python object reaches, such as C++ state outside autograd (a
 ``TCPStore``'s server, a process group's buffers), memory obtained through ``ctypes``, ``mmap`` or shared memory,
 files, other processes; copies encoded into ``str`` objects (strings are left out: importing a module creates many);
 tensors kept alive only by C++ objects other than autograd nodes (a DLPack capsule, a pending ``Work``).
@@ -174,7 +176,14 @@ def census() -> _Census:
         kind = type(obj)
         if kind in tensors:
             found.add_tensor(obj)
-            fn = obj.grad_fn
+            try:
+                # a gradient that autograd made lives in C++ until Python reads it: no object of its own yet
+                grad = obj.grad if obj.is_leaf or obj.retains_grad else None
+                fn = obj.grad_fn
+            except Exception:
+                continue
+            if grad is not None:
+                found.add_tensor(grad)
             if fn is not None:
                 graph_roots.append(fn)
         elif kind in storages:
