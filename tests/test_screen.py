@@ -306,6 +306,11 @@ def test_own_attribute_is_exempt_only_on_self():
     assert reasons == ["uses a private name (pg._store) on line 5"], reasons
 
 
+def test_code_too_deep_to_walk_is_flagged():
+    reasons = screen_source("x = a" + ".b" * 3000, MODULES)
+    assert reasons == ["nests its code too deeply for the screen to read (RecursionError)"], reasons
+
+
 def test_every_lesson_is_screened():
     """Each lesson's solution notebook (new ones too) is among those whose answers must screen clean."""
     lessons = sorted(p.name for p in (REPO / "solutions").iterdir() if p.is_dir() and p.name[:2].isdigit())

@@ -102,7 +102,7 @@ def screen_notebook(submission, release) -> list[Flag]:
     for _i, cell in cells:  # names one cell defines may be used in another
         try:
             own |= _own_private(ast.parse(python_source(source_text(cell))))
-        except (SyntaxError, ValueError):
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
             pass
     flags = []
     for i, cell in cells:

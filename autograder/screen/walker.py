@@ -20,6 +20,7 @@ from .rules import (COMPUTED_NAMES_ALLOWED, FILE_CALLS, FLAGGED_ATTRIBUTES, FLAG
                     shared_memory_reason, string_reason)
 
 _MAX_VALUES = 64  # a folded expression with more possible values is left unknown
+_MAX_LENGTH = 4096  # and one that spells a longer string
 
 
 def python_source(source: str) -> str:
@@ -74,6 +75,13 @@ class _Bindings:
         return values if values and len(values) <= _MAX_VALUES else None
 
     def _fold(self, node):
+        try:
+            values = self._fold_node(node)
+            return values if values is None or all(len(v) <= _MAX_LENGTH for v in values) else None
+        except (ArithmeticError, AttributeError, IndexError, KeyError, TypeError, ValueError, MemoryError):
+            return None  # "{0.x}".format("a"), "abc"[::0]: not a string the cell could spell
+
+    def _fold_node(self, node):
         if isinstance(node, ast.Constant):
             return {node.value} if isinstance(node.value, str) else None
         if isinstance(node, ast.Name):
@@ -128,10 +136,7 @@ class _Bindings:
                 args = [self._fold(a) for a in node.args]
                 if templates is None or any(a is None for a in args):
                     return None
-                try:
-                    return {t.format(*combo) for t in templates for combo in self._combos(args)}
-                except (IndexError, KeyError, ValueError):
-                    return None
+                return {t.format(*combo) for t in templates for combo in self._combos(args)}
             if method in ("lower", "upper", "strip", "lstrip", "rstrip", "title", "casefold") and not node.args:
                 values = self._fold(base)
                 return {getattr(v, method)() for v in values} if values is not None else None
@@ -190,10 +195,7 @@ class _Bindings:
         args = [self._fold(e) for e in right.elts] if isinstance(right, ast.Tuple) else [self._fold(right)]
         if templates is None or any(a is None for a in args):
             return None
-        try:
-            return {t % tuple(combo) for t in templates for combo in self._combos(args)}
-        except (TypeError, ValueError):
-            return None
+        return {t % tuple(combo) for t in templates for combo in self._combos(args)}
 
     def members(self, node) -> set[str] | None:
         """The strings a loop over ``node`` may give (a literal of constants, or a name bound to one)."""
@@ -693,12 +695,18 @@ def screen_source(source: str, known_modules: dict[str, str] | None = None,
                   own_private: set[str] | None = None) -> list[str]:
     """Reasons to flag one cell's code (empty for honest code), each with the line(s) it was found on; a cell that
     does not parse gets none."""
+    deep = "nests its code too deeply for the screen to read ({})"
     try:
         tree = ast.parse(python_source(source))
     except (SyntaxError, ValueError):
         return []
-    modules = dict(known_modules or {})
-    modules.update(_imports(tree))
-    screen = _Screen(modules, set(own_private or ()) | _own_private(tree), _Bindings(tree, modules))
-    screen.visit(tree)
-    return screen.reasons
+    except (RecursionError, MemoryError) as error:
+        return [deep.format(type(error).__name__)]
+    try:
+        modules = dict(known_modules or {})
+        modules.update(_imports(tree))
+        screen = _Screen(modules, set(own_private or ()) | _own_private(tree), _Bindings(tree, modules))
+        screen.visit(tree)
+        return screen.reasons
+    except (RecursionError, MemoryError) as error:  # nested past what a walk can follow: itself worth a look
+        return [deep.format(type(error).__name__)]
