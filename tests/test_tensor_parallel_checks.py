@@ -3,9 +3,13 @@
 The implementations are written the way a student might write them. The bugs are the ones a tensor-parallel layer
 is known for (f and g swapped, an all-reduce in both directions, the row-parallel bias added on every rank,
 interleaved shards, a gather that cuts the gradient, the full weight kept and sliced in forward, one f per
-projection) plus the ones each of the checker's messages is there for; the correct alternatives (a hook instead of
-an autograd Function, all_gather_into_tensor instead of a list, fused q/k/v, a hand-written MLP) must pass.
+projection), the dense weight kept where the module's attributes do not lead (an attribute starting with '_', a
+module in a plain list, a numpy copy in a closure), plus the ones each of the checker's messages is there for; the
+correct alternatives (a hook instead of an autograd Function, all_gather_into_tensor instead of a list, fused
+q/k/v, a hand-written MLP) must pass.
 """
+
+import copy
 
 import pytest
 import torch
@@ -414,6 +418,23 @@ class ColumnKeepsFull(Column):              # the full weight kept, sliced in fo
         return m
 
 
+class ColumnUnderscoreFull(Column):         # the dense weight kept under an attribute starting with '_'
+    @classmethod
+    def from_dense(cls, linear, group=None, gather_output=False):
+        m = super().from_dense(linear, group, gather_output)
+        m._dense_weight = linear.weight.detach()
+        return m
+
+
+class ColumnNumpyClosure(Column):           # a copy of the dense weight as a numpy array, in a closure
+    @classmethod
+    def from_dense(cls, linear, group=None, gather_output=False):
+        m = super().from_dense(linear, group, gather_output)
+        full = linear.weight.detach().numpy().copy()
+        m.extra_repr = lambda: f"dense {full.shape}"
+        return m
+
+
 class ColumnCutGather(Column):              # dist.all_gather is not differentiable
     @staticmethod
     def gather(x, group):
@@ -493,6 +514,8 @@ def test_column_correct_pass():
     (ColumnInterleaved, "(interleaved)"),
     (ColumnView, ".clone() the chunk"),
     (ColumnKeepsFull, "Largest: full"),
+    (ColumnUnderscoreFull, "beyond its shards"),
+    (ColumnNumpyClosure, "a numpy array"),
     (ColumnCutGather, "graph was cut"),
     (ColumnNoF, "exactly one all-reduce, f's"),
     (ColumnWorldGroup, ("is not a shard", "not from the whole world")),  # which one: the drawn sizes decide
@@ -517,6 +540,14 @@ def test_column_bugs_fail(impl, expected):
 
 class RowIntoTensor(Row):
     gather = staticmethod(gather_last_into_tensor)
+
+
+class RowDenseInList(Row):                  # the dense module kept inside a plain list (not a submodule)
+    @classmethod
+    def from_dense(cls, linear, group=None, input_is_parallel=True):
+        m = super().from_dense(linear, group, input_is_parallel)
+        m.keep = [linear]
+        return m
 
 
 class RowBiasEverywhere(Row):               # the bias added on every rank, before the sum
@@ -569,6 +600,7 @@ def test_row_correct_pass():
     (RowReduceBoth, "g is the identity"),
     (RowInterleaved, "(interleaved)"),
     (RowPlainSlice, "the slice's backward all-gathers"),
+    (RowDenseInList, "beyond its shards"),
 ])
 def test_row_bugs_fail(impl, expected):
     with pytest.raises(AssertionError) as info:
@@ -601,6 +633,14 @@ class MLPkeepsFull(MLPbyHand):              # the full weights kept (as paramete
         return reduce_ok(F.linear(h, self.w2), self.group) + self.b2
 
 
+class MLPdenseCopyHidden(MLPok):            # a copy of the dense MLP under an attribute starting with '_'
+    @classmethod
+    def from_dense(cls, mlp, group=None):
+        m = super().from_dense(mlp, group)
+        m._spare = [copy.deepcopy(mlp.fc2)]
+        return m
+
+
 class MLPreduceBoth(MLPbyHand):
     def forward(self, x):
         h = F.gelu(F.linear(copy_ok(x, self.group), self.w1, self.b1))
@@ -617,6 +657,7 @@ def test_mlp_correct_pass():
     (MLPbiasEverywhere, "of the output bias: add the row-parallel bias once"),
     (MLPkeepsFull, "holds the full weight"),
     (MLPreduceBoth, "Backward of the MLP block"),
+    (MLPdenseCopyHidden, "beyond its shards"),
 ])
 def test_mlp_bugs_fail(impl, expected):
     with pytest.raises(AssertionError) as info:
@@ -655,6 +696,12 @@ class AttentionNoCheck(AttentionOK):
             divisible = saved
 
 
+class AttentionDenseInList(AttentionOK):     # the dense q projection kept inside a plain list
+    def __init__(self, attn, group):
+        super().__init__(attn, group)
+        self.spare = [attn.q_proj]
+
+
 class AttentionWholeWorld(AttentionOK):       # ignores group: shards over every rank
     def __init__(self, attn, group):
         super().__init__(attn, None)
@@ -669,6 +716,7 @@ def test_attention_correct_pass():
     (AttentionThreeF, "apply copy_to_tp once"),
     (AttentionInterleavedHeads, "interleaved heads"),
     (AttentionWholeWorld, "tensor-parallel groups of 2"),
+    (AttentionDenseInList, "beyond its shards"),
 ])
 def test_attention_bugs_fail(impl, expected):
     with pytest.raises(AssertionError) as info:

@@ -12,9 +12,12 @@ full row-parallel bias, or for attention the q, k and v shards concatenated into
 separate q/k/v and any attribute names are accepted; interleaved shards, a full weight, or a shard of the wrong
 rank are named in the message.
 
-How: ``CommCounter`` records forward and backward separately (kind, bytes and group of every call); the bytes of
-every tensor the module keeps are measured by storage (``tensor_bytes``), so a shard that is a view of the full
-weight counts as the full weight. World sizes 1 to 4, plus 4 ranks split into two tensor-parallel groups of 2
+How: ``CommCounter`` records forward and backward separately (kind, bytes and group of every call). What the module
+keeps is measured, not walked: ``from_dense`` gets a copy of the dense module that the check drops afterwards, and a
+census of every tensor storage and Python buffer alive in the worker (``autograder.checks._memory``), before and
+after the call, gives all the bytes the module keeps alive wherever it holds them (an attribute starting with '_', a
+module inside a list, a closure); each storage counts at its full size, so a shard that is a view of the full weight
+counts as the full weight. The module's own attributes (``tensor_bytes``) only name the culprit in the message. World sizes 1 to 4, plus 4 ranks split into two tensor-parallel groups of 2
 (``group=`` must be honoured); shapes are drawn at grading time (hidden sizes divisible by t, odd batch and
 sequence). Probes keep ranks in step: after each phase all ranks agree on whether one failed.
 

@@ -1,15 +1,21 @@
-"""One parallel module against its dense oracle: ``_exercise`` checks, in order, everything the module must get
-right (the dense module untouched, the shards it keeps, forward's output and collectives, backward's gradients and
-collectives); ``_dense_run`` is the oracle.
+"""One parallel module against its dense oracle: ``_built`` makes it from a copy of the dense module and measures
+what it keeps; ``_exercise`` checks, in order, everything the module must get right (the dense module untouched, the
+shards it keeps, forward's output and collectives, backward's gradients and collectives); ``_dense_run`` is the
+oracle.
 """
 
 from __future__ import annotations
+
+import copy
+import gc
+import weakref
 
 import torch
 import torch.nn as nn
 
 from .._common import call_student as _call, short
-from .harness import ELSEWHERE, _agree, _close, _comm_failure, _recorded
+from .._memory import MemoryWatch
+from .harness import ELSEWHERE, _agree, _build, _close, _comm_failure, _recorded
 from .shards import _grad_failure, _match, _memory_failure
 
 
@@ -20,20 +26,38 @@ def _largest_difference(got, want) -> str:
     return ""
 
 
-def _exercise(label, module, dense, before, x, G, want_out, want_xgrad, shards, fwd, bwd, ranks, t, r, *,
+def _built(label, from_dense, dense, t, **kwargs):
+    """``from_dense`` called on a copy of ``dense`` that the check drops afterwards, so that whatever of it is still
+    alive is kept by the student's module. Returns (module, names of the dense entries it changed, ``Kept``: every
+    storage created since, measured by a census of the worker process, not from the module's attributes)."""
+    before = _snapshot(dense)
+    watch = MemoryWatch()
+    given = copy.deepcopy(dense)
+    given.zero_grad(set_to_none=True)
+    module = _build(label, from_dense, given, t, **kwargs)
+    changed = [name for name, value in given.state_dict().items() if not torch.equal(value, before[name])]
+    alive = weakref.ref(given)
+    del given
+    if alive() is not None:
+        gc.collect()  # a reference cycle through the copy: only the collector frees it
+    kept = watch.kept()
+    watch.close()
+    return module, changed, kept
+
+
+def _exercise(label, module, changed, kept, x, G, want_out, want_xgrad, shards, fwd, bwd, ranks, t, r, *,
               pinned=None, out_cause=None, xgrad_cause=None, fwd_hint="", bwd_hint="", scaled_hint=""):
     """Everything one parallel module must get right, in order; a message for the first thing wrong, or None.
 
-    ``before``: the dense module's state before ``from_dense`` (it must stay untouched). ``x``: the input (a leaf
-    that requires grad; it must stay untouched too). ``G``: the upstream gradient for this rank's output. ``fwd``
+    ``changed``: the dense module's entries ``from_dense`` changed (none may be); ``kept``: what the module keeps
+    alive (``_built``). ``x``: the input (a leaf that requires grad; it must stay untouched). ``G``: the upstream gradient for this rank's output. ``fwd``
     and ``bwd``: the expected collectives, as (accepted kinds, bytes). ``pinned``: attribute -> shard index the
     module must expose (``.weight``, ``.bias``)."""
     where = f"{label}, on rank {r}"
     if not isinstance(module, nn.Module):
         return f"{label} returned {type(module).__name__}, expected an nn.Module (an instance of the class)."
-    for name, value in dense.state_dict().items():
-        if not torch.equal(value, before[name]):
-            return f"{label} changed the dense module's {name}: read it, never write to it."
+    if changed:
+        return f"{label} changed the dense module's {changed[0]}: read it, never write to it."
     pairs, failure = _match(module, shards, where)
     if failure is None and pinned:
         for attr, shard in pinned.items():
@@ -44,7 +68,7 @@ def _exercise(label, module, dense, before, x, G, want_out, want_xgrad, shards, 
             elif not isinstance(got, torch.Tensor) or got.shape != shard.value.shape or not torch.equal(
                     got.detach(), shard.value):
                 failure = f"{where}: .{attr} is {short(got)}, expected {shard.label} = {short(shard.value)}."
-    failure = failure or _memory_failure(module, pairs or [], where)
+    failure = failure or _memory_failure(module, pairs or [], where, kept)
     if _agree(failure):
         return failure or ELSEWHERE
     x_before = x.detach().clone()

@@ -12,8 +12,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .._common import call_student as _call, short
-from .exercise import _dense_run, _exercise, _snapshot
-from .harness import (ELSEWHERE, _agree, _build, _close, _comm_failure, _dense, _randn, _recorded, _tp_group,
+from .exercise import _built, _dense_run, _exercise
+from .harness import (ELSEWHERE, _agree, _close, _comm_failure, _dense, _randn, _recorded, _tp_group,
                       _value_error)
 from .shards import _col_shards, _fused, _row_shards
 
@@ -103,8 +103,7 @@ def _probe_column(tp, cls, seed):
     Wr = dense.weight.detach().chunk(t, 0)[r]
     for gather in (False, True):
         label = f"ColumnParallelLinear.from_dense(nn.Linear({fin}, {fout}, bias={bias}), group, gather_output={gather})"
-        before = _snapshot(dense)
-        module = _build(label, cls.from_dense, dense, t, group=group, gather_output=gather)
+        module, changed, kept = _built(label, cls.from_dense, dense, t, group=group, gather_output=gather)
         x = X.clone().requires_grad_()
         want = Y if gather else Y.chunk(t, -1)[r]
 
@@ -125,7 +124,7 @@ def _probe_column(tp, cls, seed):
 
         fwd = [(_GATHER, b * s * (fout // t) * 4)] if gather else []
         failure = _exercise(
-            label, module, dense, before, x, G if gather else G.chunk(t, -1)[r], want, XG, shards,
+            label, module, changed, kept, x, G if gather else G.chunk(t, -1)[r], want, XG, shards,
             fwd, [({"all_reduce"}, b * s * fin * 4)], ranks, t, r, pinned=pinned, out_cause=out_cause,
             xgrad_cause=xgrad_cause,
             fwd_hint=("Forward: " + ("one all-gather of this rank's output slice (gather_output=True)."
@@ -157,8 +156,7 @@ def _probe_row(tp, cls, seed):
     for parallel in (True, False):
         label = (f"RowParallelLinear.from_dense(nn.Linear({fin}, {fout}, bias={bias}), group, "
                  f"input_is_parallel={parallel})")
-        before = _snapshot(dense)
-        module = _build(label, cls.from_dense, dense, t, group=group, input_is_parallel=parallel)
+        module, changed, kept = _built(label, cls.from_dense, dense, t, group=group, input_is_parallel=parallel)
         x = (X.chunk(t, -1)[r] if parallel else X).clone().requires_grad_()
         want_xgrad = XG.chunk(t, -1)[r] if parallel else XG
 
@@ -183,7 +181,7 @@ def _probe_row(tp, cls, seed):
 
         bwd = [] if parallel else [(_GATHER, b * s * (fin // t) * 4)]
         failure = _exercise(
-            label, module, dense, before, x, G, Y, want_xgrad, shards, [({"all_reduce"}, b * s * fout * 4)], bwd,
+            label, module, changed, kept, x, G, Y, want_xgrad, shards, [({"all_reduce"}, b * s * fout * 4)], bwd,
             ranks, t, r, pinned=pinned, out_cause=out_cause, xgrad_cause=xgrad_cause,
             fwd_hint="Forward: exactly one all-reduce (g) of the partial output (b*s*out_features elements); "
                      "taking this rank's slice of a replicated input needs no communication.",
@@ -237,8 +235,7 @@ def _probe_mlp(tp, cls, seed):
     Y, XG = _dense_run(dense, X, G)
     shards = _col_shards("fc1", dense.fc1, t, r) + _row_shards("fc2", dense.fc2, t, r)
     label = f"ParallelMLP.from_dense(MLP({h}), group)"
-    before = _snapshot(dense)
-    module = _build(label, cls.from_dense, dense, t, group=group)
+    module, changed, kept = _built(label, cls.from_dense, dense, t, group=group)
     bias_cause = _bias_cause(Y, dense.fc2.bias.detach(), t)
     fc1, fc2 = dense.fc1, dense.fc2
     swapped = F.linear(F.gelu(F.linear(t * X, fc1.weight.chunk(t, 0)[r], fc1.bias.chunk(t)[r])),
@@ -250,7 +247,7 @@ def _probe_mlp(tp, cls, seed):
                     "partial outputs never reduced. f (copy_to_tp) goes before fc1, g (reduce_from_tp) after fc2.")
         return bias_cause(got)
 
-    failure = _exercise(label, module, dense, before, X.clone().requires_grad_(), G, Y, XG, shards,
+    failure = _exercise(label, module, changed, kept, X.clone().requires_grad_(), G, Y, XG, shards,
                         [({"all_reduce"}, b * s * h * 4)], [({"all_reduce"}, b * s * h * 4)], ranks, t, r,
                         out_cause=out_cause, **_block_hints("MLP"))
     if failure:
@@ -285,9 +282,8 @@ def _probe_attention(tp, cls, seed):
     shards += [_fused([w for w, _ in qkv], "qkv weight"), _fused([bb for _, bb in qkv], "qkv bias")]
     shards += _row_shards("out_proj", dense.out_proj, t, r)
     label = f"ParallelAttention.from_dense(SelfAttention({hidden}, num_heads={heads}), group)"
-    before = _snapshot(dense)
-    module = _build(label, cls.from_dense, dense, t, group=group)
-    failure = _exercise(label, module, dense, before, X.clone().requires_grad_(), G, Y, XG, shards,
+    module, changed, kept = _built(label, cls.from_dense, dense, t, group=group)
+    failure = _exercise(label, module, changed, kept, X.clone().requires_grad_(), G, Y, XG, shards,
                         [({"all_reduce"}, b * s * hidden * 4)], [({"all_reduce"}, b * s * hidden * 4)], ranks, t, r,
                         out_cause=_bias_cause(Y, dense.out_proj.bias.detach(), t), **_block_hints("attention"))
     if failure:

@@ -2,7 +2,8 @@
 
 A parameter must equal one of the shards this rank may hold (``_col_shards``, ``_row_shards``, ``_fused``); the
 wrong splits worth naming (interleaved, the full weight, another rank's) are recognised too. Then the memory the
-module keeps (``_memory_failure``) and each shard's gradient (``_grad_failure``).
+module keeps alive, measured by a census of the worker process (``_memory_failure``), and each shard's gradient
+(``_grad_failure``).
 """
 
 from __future__ import annotations
@@ -10,7 +11,12 @@ from __future__ import annotations
 import torch
 
 from .._common import short
+from .._memory import fmt_bytes
 from .harness import _close
+
+#: Bytes a module may keep beyond its shards (a scalar or two of bookkeeping). The layers are small (the smallest
+#: dense weight drawn is 12 floats, 48 B), so a kept dense weight always shows above it.
+SLACK = 16
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -85,16 +91,23 @@ def _match(module, shards, where):
     return pairs, None
 
 
-def _memory_failure(module, pairs, where):
+def _memory_failure(module, pairs, where, kept):
+    """Decided by ``kept``, the census of what the module keeps alive (see ``_built``); the module's attributes only
+    name the likely culprit in the message."""
     from labsupport.lessons.tensor_parallel import tensor_bytes
 
     expected = sum(p.numel() * p.element_size() for _, p, _ in pairs)
+    if kept.total <= expected + SLACK:
+        return None
     found = tensor_bytes(module)
-    if found.total > expected + 64:
+    if found.total > expected + SLACK:
         return (f"{where}: the module keeps {found.total} B of tensors, but its shards are {expected} B. Largest: "
                 f"{found.largest()}. Keep only this rank's shard: .clone() the chunk (a chunk is a view that keeps "
                 "the whole dense weight alive), and do not store the dense weight or module.")
-    return None
+    return (f"{where}: the module keeps {fmt_bytes(kept.total)} of tensors alive after from_dense, "
+            f"{fmt_bytes(kept.total - expected)} beyond its shards ({fmt_bytes(SLACK)} allowed): the dense weight (or "
+            "a copy of it, or the dense module) is still held somewhere (an attribute starting with '_', a list, a "
+            f"closure) — keep only this rank's shard. Largest: {kept.largest()}.")
 
 
 def _grad_failure(pairs, t, where, hint_scaled=""):
