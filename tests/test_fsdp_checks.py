@@ -7,7 +7,8 @@ for the regather, the gathered flat parameter as a leaf with a post-accumulate-g
 prefetching one (the stretch). Bugs: gathered parameters never freed, references dropped but the storage kept alive
 by autograd (so no re-gather in backward), an all-reduce instead of a reduce-scatter, shards without padding,
 gradients summed instead of averaged, a frozen parameter trained, plain replicated DDP, and a replicated DDP dressed
-up with the right shards (which only the memory measurement catches).
+up with the right shards (which only the memory measurement catches), with its replicas kept where no walk from the
+wrapper leads (a class attribute), or the original parameters kept in a global (which only the census catches).
 """
 
 from __future__ import annotations
@@ -312,6 +313,31 @@ class ReplicatedWithShards(FSDPOk):
         return unit
 
 
+class ReplicaOnTheClass(FSDPOk):
+    """As ReplicatedWithShards, but the replicas are kept in a list on the class, where no walk from the wrapper
+    leads: only the census of the worker's memory tells."""
+
+    replicas = []
+
+    def make_unit(self, params):
+        unit = super().make_unit(params)
+        replica = torch.empty(unit["shard"].numel() * self.world)
+        self.all_gather(replica, unit["shard"].detach())
+        type(self).replicas.append(replica)
+        return unit
+
+
+class OriginalsInAGlobal(FSDPOk):
+    """The original full parameters kept alive in a module-level list (a global of the answer's)."""
+
+    def make_unit(self, params):
+        _KEPT.extend(p for *_, p in params)
+        return super().make_unit(params)
+
+
+_KEPT = []
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("impl", [FSDPOk, FSDPListCollectives, FSDPBackwardPreHook, FSDPLeafWithGradHook,
                                   FSDPSavedTensorHooks, FSDPPrefetch])
@@ -329,6 +355,8 @@ def test_correct_implementations_pass(impl):
     (TrainsFrozen, "This parameter is frozen"),
     (ReplicatedDDP, "one flat shard per unit"),
     (ReplicatedWithShards, "expected its shards only"),
+    (ReplicaOnTheClass, "beyond its shards"),
+    (OriginalsInAGlobal, "beyond its shards"),
 ])
 def test_bugs_fail(impl, expected):
     with pytest.raises(AssertionError) as err:

@@ -11,11 +11,17 @@ N, rank r holding the r-th equal slice).
 
 How the result was obtained is measured, never taken from the student's bookkeeping:
 
-* memory: ``labsupport.lessons.fsdp.ParamMemory`` adds up, at every ATen operation of forward and backward, the
-  distinct storages reachable from the wrapper (modules, attributes, containers, hook closures) plus the parameter
-  storages autograd saved for backward. Between steps a rank must hold its shards only (about total/N); during the
-  step, at most the shards plus the root's unit plus the largest child unit (plus the second largest when the
-  optional ``prefetch=True`` is offered and used);
+* memory between steps: a census of every tensor storage and Python buffer alive in the worker
+  (``autograder.checks._memory``), taken before the model is made, after construction and after the first step,
+  gives what a rank keeps wherever it keeps it (the check holds no reference to the model's parameters, nor to the
+  shards beyond what ``parameters()`` returns and its optimizer's state); it must be its shards only (about
+  total/N). After later steps, the storages reachable from the wrapper are measured (a cheaper walk);
+* memory during the step: ``labsupport.lessons.fsdp.ParamMemory`` adds up, at every ATen operation of forward and
+  backward, the distinct storages reachable from the wrapper (modules, attributes, containers, hook closures) plus
+  the parameter storages autograd saved for backward: at most the shards plus the root's unit plus the largest child
+  unit (plus the second largest when the optional ``prefetch=True`` is offered and used). (A census at every
+  operation would cost too much; a copy kept out of the wrapper's reach during the step is not seen there, and one
+  kept until the step ends is seen by the census.)
 * communication: ``CommCounter`` around forward and backward: two all-gathers per unit (one may be saved, for a
   unit kept gathered from its forward into its backward), one reduce-scatter per unit with trainable parameters,
   no all-reduce.
@@ -34,6 +40,7 @@ import torch
 import torch.nn as nn
 
 from ._common import call_student as _call, draw_seed, run_on_workers, short, tolerance
+from ._memory import MemoryWatch, fmt_bytes
 
 __all__ = ["check_MiniFSDP", "check_traffic_per_step", "ProbeNet", "expected_traffic", "unit_layout"]
 
@@ -197,8 +204,7 @@ def _probe(MiniFSDP, seed: int, steps: int, rows: int, flats, X, Y, kwargs: dict
     from labsupport.lessons.fsdp import ParamMemory
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    model = _make_model(seed)
-    units = unit_layout(model)
+    units = unit_layout(_make_model(seed))  # the layout, from a copy of the check's own (never given to MiniFSDP)
     label = "MiniFSDP" + (f"(..., {', '.join(f'{k}={v!r}' for k, v in kwargs.items())})" if kwargs else "")
     names = [name or "root" for name, _, _ in units]
     chunks = [math.ceil(n / world) for _, n, _ in units]
@@ -206,18 +212,19 @@ def _probe(MiniFSDP, seed: int, steps: int, rows: int, flats, X, Y, kwargs: dict
     child_bytes = sorted((4 * c * world for (name, _, _), c in zip(units, chunks) if name), reverse=True)
     root_bytes = sum(4 * c * world for (name, _, _), c in zip(units, chunks) if not name)
     bound = shard_bytes + root_bytes + sum(child_bytes[:1 + extra_units])
+    # The model is made after the baseline of the census and the check keeps no reference to its parameters, so
+    # every byte of it still alive later is kept by the wrapper, wherever it keeps it.
+    watch = MemoryWatch()
+    model = _make_model(seed)
     children = {name: getattr(model, name) for name, _, _ in units if name}
 
     wrapped = _call(f"{label} (the constructor)", MiniFSDP, model, **kwargs)
+    model = None
     shards = list(_call(f"{label}.parameters()", wrapped.parameters))
     failure = _shards_failure(shards, units, world, rank, flats[0])
     if failure is None:
-        held = ParamMemory(wrapped).measure()
-        if held > shard_bytes + SLACK:
-            where = ", ".join(f"{p} {n} B" for p, n in ParamMemory(wrapped).where()[:4])
-            failure = (f"after construction rank {rank} holds {held} bytes of parameters, expected its shards only: "
-                       f"{shard_bytes} bytes (total/{world} plus padding). Largest tensors reachable from the "
-                       f"wrapper: {where}. Keep no full-size parameter (nor a reference to one).")
+        failure = _kept_failure(watch.kept(), wrapped, shard_bytes, rank, world, "after construction",
+                                "Keep no full-size parameter (nor a reference to one).")
     if (failure := _agree(failure)) is not None:
         return failure
     opt = torch.optim.SGD(shards, lr=LR, momentum=MOMENTUM)
@@ -247,12 +254,15 @@ def _probe(MiniFSDP, seed: int, steps: int, rows: int, flats, X, Y, kwargs: dict
             return failure
         opt.step()
         opt.zero_grad()
-        held = ParamMemory(wrapped).measure()
-        if held > shard_bytes + SLACK:
-            where = ", ".join(f"{p} {n} B" for p, n in ParamMemory(wrapped).where()[:4])
-            failure = (f"after step {step} rank {rank} holds {held} bytes of parameters, expected {shard_bytes} (its "
-                       f"shards: total/{world} plus padding). Largest tensors reachable: {where}. Free every "
-                       "gathered unit after its backward.")
+        out = None
+        if step == 0:
+            known = [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+            failure = _kept_failure(watch.kept(known), wrapped, shard_bytes, rank, world, f"after step {step}",
+                                    "Free every gathered unit after its backward.")
+            watch.close()
+        elif ParamMemory(wrapped).measure() > shard_bytes + SLACK:  # later steps: what the wrapper holds
+            failure = _kept_failure(None, wrapped, shard_bytes, rank, world, f"after step {step}",
+                                    "Free every gathered unit after its backward.")
         if failure is None:
             gathered = []
             for k, shard in enumerate(shards):
@@ -275,6 +285,27 @@ def _probe(MiniFSDP, seed: int, steps: int, rows: int, flats, X, Y, kwargs: dict
         if (failure := _agree(failure)) is not None:
             return failure
     return None
+
+
+def _kept_failure(kept, wrapped, shard_bytes: int, rank: int, world: int, when: str, advice: str):
+    """Decided by ``kept``, the census of every storage this rank keeps alive beyond the check's own (see
+    ``autograder.checks._memory``); without one (later steps), by what is reachable from the wrapper. The wrapper's
+    reachable tensors name the likely culprit in the message."""
+    from labsupport.lessons.fsdp import ParamMemory
+
+    held = ParamMemory(wrapped).measure()
+    if kept is not None and kept.total <= shard_bytes + SLACK:
+        return None
+    if held > shard_bytes + SLACK:
+        where = ", ".join(f"{p} {n} B" for p, n in ParamMemory(wrapped).where()[:4])
+        return (f"{when} rank {rank} holds {held} bytes of parameters, expected its shards only: {shard_bytes} "
+                f"bytes (total/{world} plus padding). Largest tensors reachable from the wrapper: {where}. {advice}")
+    if kept is None:
+        return None
+    return (f"{when} rank {rank} keeps {fmt_bytes(kept.total)} of tensors alive, {fmt_bytes(kept.total - shard_bytes)} "
+            f"beyond its shards ({fmt_bytes(SLACK)} allowed): full-size parameters (or copies of them) are still held "
+            f"somewhere (a class attribute, a global, a closure, a list) — keep only this rank's shards. Largest: "
+            f"{kept.largest()}. {advice}")
 
 
 def _guarded(body, *args):
