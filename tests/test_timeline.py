@@ -158,3 +158,22 @@ def test_track_without_a_future_closes_at_finish_without_delay():
     events = tl.finish()
     assert time.perf_counter() - start < 0.5
     assert work.waited and [(e.name, e.kind) for e in events] == [("old backend", "comm")]
+
+
+def test_chrome_trace_has_a_process_per_rank_and_keeps_the_spans(tmp_path):
+    ranks = [[ev("backward", "compute", 0.0, 0.004), ev("all_reduce 4000 B", "comm", 0.001, 0.003)],
+             [ev("backward", "compute", 0.0005, 0.005), ev("finish", "wait", 0.005, 0.006)]]
+    path = tmp_path / "t.json"
+    trace = Timeline.chrome_trace(ranks, path)
+    import json
+
+    assert json.loads(path.read_text()) == trace
+    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    assert names == {0: "rank 0", 1: "rank 1"}
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert [(e["pid"], e["tid"], e["name"]) for e in spans] == [
+        (0, 0, "backward"), (0, 1, "all_reduce 4000 B"), (1, 0, "backward"), (1, 0, "finish")]
+    assert spans[1]["ts"] == pytest.approx(1000.0) and spans[1]["dur"] == pytest.approx(2000.0)
+    # read back, the spans give the same hidden share as the events they came from
+    back = [Event(e["name"], e["cat"], e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6) for e in spans if e["pid"] == 0]
+    assert Timeline.hidden_fraction(back) == pytest.approx(Timeline.hidden_fraction(ranks[0]))
