@@ -1,0 +1,42 @@
+"""Checks for notebook 10_overlap: ``check_allgather_matmul``, ``check_matmul_reduce_scatter``,
+``check_simulate_schedule``, ``check_zero_bubble_schedule``, ``check_zigzag_ring_attention``.
+
+How they judge *how* an answer was computed, below the student's Python:
+
+* ``allgather_matmul`` and ``matmul_reduce_scatter`` run on an odd ring (3 ranks) and an even one with drawn shapes
+  and dtypes. ``CommCounter`` must show point-to-point messages only (no ``all_gather`` or ``reduce_scatter``),
+  with the ring neighbours, exactly N − 1 messages of one chunk each. An ``OrderLog`` (``probes``) puts every
+  posted transfer, every ``wait()`` and every matrix product (seen by an ``aten`` dispatch mode, whatever Python
+  wrote it) in one sequence: there must be N products of one chunk each, and the transfer of each ring step must
+  be posted with isend/irecv *before* the product it overlaps and waited for *after* that product began.
+* ``zigzag_ring_attention``: the output against dense causal attention (float64 oracle), k and v passed on N − 1
+  times to ring neighbours only, and the block products each rank computed (its matrix-product flops in units of
+  one chunk of queries against one chunk of keys): the same on every rank and no more than 2N + 2.
+* ``zero_bubble_schedule``: every F, B, W once per stage in micro-batch order, F < B < W per micro-batch, a schedule
+  that can run, a makespan no longer than ZB-H1's with t_F = t_B = t_W (below 1F1B's), and at most 1F1B's peak of
+  micro-batches in flight (F to W) on any stage.
+* ``simulate_schedule``: spans, makespan and bubble against a reference sweep, on ZB-H1, 1F1B and GPipe without W
+  and random valid orders with W.
+"""
+
+from __future__ import annotations
+
+from .reference import (dense_causal, random_valid_schedule_w, reference_in_flight_w, reference_simulate_w,
+                        reference_zero_bubble, zigzag_positions)
+from .schedules import check_simulate_schedule, check_zero_bubble_schedule
+from .workers import block_products, check_allgather_matmul, check_matmul_reduce_scatter, check_zigzag_ring_attention
+
+__all__ = [
+    "check_allgather_matmul",
+    "check_matmul_reduce_scatter",
+    "check_simulate_schedule",
+    "check_zero_bubble_schedule",
+    "check_zigzag_ring_attention",
+    "reference_zero_bubble",
+    "reference_simulate_w",
+    "reference_in_flight_w",
+    "random_valid_schedule_w",
+    "zigzag_positions",
+    "dense_causal",
+    "block_products",
+]
