@@ -404,6 +404,7 @@ class _Screen(ast.NodeVisitor):
         self.bindings = bindings        # constant strings and module aliases the cell's names stand for
         self.found: dict[str, list[int]] = {}
         self.private_copies: set[int] = set()  # from_file attributes of calls that map a file privately
+        self.called: set[int] = set()          # names called directly (getattr(x, "n"), not map(getattr, ...))
 
     @property
     def reasons(self) -> list[str]:
@@ -462,6 +463,8 @@ class _Screen(ast.NodeVisitor):
     # names and attributes -----------------------------------------------------------------------------------
     def visit_Name(self, node):
         self.add(FLAGGED_NAMES.get(node.id), node)
+        if node.id in _BY_NAME and id(node) not in self.called and node.id not in self.modules:
+            self.add(f"passes {node.id} around as a value (the names it reaches are not seen)", node)
         path = self.modules.get(node.id)
         if path:
             self._check_module(path, node)
@@ -589,6 +592,7 @@ class _Screen(ast.NodeVisitor):
 
     # calls ----------------------------------------------------------------------------------------------------
     def visit_Call(self, node):
+        self.called.add(id(node.func))
         if isinstance(node.func, ast.Attribute) and node.func.attr == "from_file" and node.args \
                 and self.bindings.is_rooted(node.args[0]):
             shared = [k.value for k in node.keywords if k.arg == "shared"]
