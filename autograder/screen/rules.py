@@ -207,15 +207,18 @@ def _private(name: str) -> bool:
 ALLOWED_PRIVATE = {"_parameters", "_buffers", "_modules", "_forward_hooks", "_forward_pre_hooks",
                    "_backward_hooks", "_backward_pre_hooks", "_version", "_non_persistent_buffers_set"}
 _INTERNALS: set[str] | None = None
+_TORCH_INTERNALS: set[str] = set()
 
 
 def private_internals() -> set[str]:
     """Underscore names of the communication stack and of the course's own packages: the private attributes of
     ``torch.distributed`` (its modules, process groups, backends, work objects), of ``torch._C._distributed_c10d``
-    and of ``labsupport``'s modules. Reaching one from any object (``pg._get_backend(...)``) is a flag."""
-    global _INTERNALS
+    and of ``labsupport``'s modules (the tap among them). Reaching one from any object (``pg._get_backend(...)``)
+    is a flag."""
+    global _INTERNALS, _TORCH_INTERNALS
     if _INTERNALS is None:
         names: set[str] = set()
+        torch_names: set[str] = set()
         try:
             import importlib
 
@@ -226,20 +229,28 @@ def private_internals() -> set[str]:
                        getattr(dist, "Backend", None)]
             for name in ("ProcessGroupGloo", "ProcessGroupNCCL", "ProcessGroupMPI"):
                 objects.append(getattr(dist, name, None) or getattr(torch_c10d(), name, None))
-            for module in ("labsupport", "labsupport.launch", "labsupport.comm", "labsupport._pool",
-                           "labsupport._worker", "labsupport._callboard", "labsupport.timeline"):
-                try:
-                    objects.append(importlib.import_module(module))
-                except Exception:
-                    pass
             for obj in objects:
                 if obj is not None:
-                    names.update(n for n in dir(obj) if _private(n))
+                    torch_names.update(n for n in dir(obj) if _private(n))
+            names |= torch_names
+            for module in ("labsupport", "labsupport.launch", "labsupport.comm", "labsupport.tap", "labsupport._pool",
+                           "labsupport._worker", "labsupport._callboard", "labsupport.timeline"):
+                try:
+                    names.update(n for n in dir(importlib.import_module(module)) if _private(n))
+                except Exception:
+                    pass
         except Exception:
-            names = {"_get_backend", "_functional_collectives", "_C", "_distributed_c10d", "_default_pg",
-                     "_world", "_allgather_base", "_reduce_scatter_base"}
+            torch_names = names = {"_get_backend", "_functional_collectives", "_C", "_distributed_c10d",
+                                   "_default_pg", "_world", "_allgather_base", "_reduce_scatter_base"}
+        _TORCH_INTERNALS = torch_names - ALLOWED_PRIVATE
         _INTERNALS = names - ALLOWED_PRIVATE
     return _INTERNALS
+
+
+def torch_internals() -> set[str]:
+    """The private names of ``private_internals`` that belong to ``torch.distributed`` and c10d."""
+    private_internals()
+    return _TORCH_INTERNALS
 
 
 def torch_c10d():

@@ -17,7 +17,7 @@ import itertools
 
 from .rules import (COMPUTED_NAMES_ALLOWED, FILE_CALLS, FLAGGED_ATTRIBUTES, FLAGGED_NAMES, SHARED_MEMORY_ATTRIBUTES,
                     _local_path, _private, allowed_private_path, path_reason, private_internals,
-                    shared_memory_reason, string_reason)
+                    shared_memory_reason, string_reason, torch_internals)
 
 _MAX_VALUES = 64  # a folded expression with more possible values is left unknown
 _MAX_LENGTH = 4096  # and one that spells a longer string
@@ -502,12 +502,13 @@ class _Screen(ast.NodeVisitor):
             add(path_reason(path))
 
     def _internal(self, base, attr: str) -> bool:
-        """A private name of the communication stack or of labsupport, unless it is the cell's own attribute read
-        from ``self``/``cls`` (binding the name as a parameter or a local never hides it)."""
-        if attr not in private_internals():
-            return False
-        own = isinstance(base, ast.Name) and base.id in ("self", "cls") and attr in self.own_private
-        return not own
+        """A private name of the communication stack or of labsupport, unless it is an attribute the student's
+        code defines itself, read from ``self``/``cls`` (or, for a name only labsupport uses, from any object).
+        Binding the name as a parameter, a local or a function defines no attribute and hides nothing."""
+        if attr not in private_internals() or attr not in self.own_private:
+            return attr in private_internals()
+        on_self = isinstance(base, ast.Name) and base.id in ("self", "cls")
+        return not on_self and attr in torch_internals()
 
     def visit_Subscript(self, node):
         # vars(x)["name"], x.__dict__["name"]: the attribute they spell
