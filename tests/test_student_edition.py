@@ -2,16 +2,21 @@
 
 * no file of it contains the body of any solution cell, hidden check or reference implementation (normalised:
   whitespace collapsed, comments and trivial lines dropped, any 3 consecutive lines of a body count);
+* no function, cell or module of it holds a solution written with other names (a function-level comparison of
+  syntax trees with names and constants erased; see STRUCT_COVERAGE);
 * every release notebook runs in it, with only its packages importable, to its NotImplementedErrors;
 * ``check`` runs there (visible tests only), and ``pip install DIR`` gives a working package.
 """
 
 import ast
+import difflib
 import json
 import os
 import re
 import subprocess
 import sys
+import textwrap
+from collections import Counter
 from pathlib import Path
 
 import nbformat
@@ -200,6 +205,286 @@ def test_the_leak_test_finds_a_planted_answer(edition, tmp_path):
     (copy / "labsupport" / "helpers_extra.py").write_text(planted)
     leaks = _leaks(copy)
     assert any("helpers_extra.py" in leak for leak in leaks), leaks
+
+
+# --- Function-level comparison --------------------------------------------------------------------------------
+# A line-by-line comparison misses an answer rewritten with other names, an extra index or a reordered loop (a lesson
+# module's simulator that was the graded one with a chunk index added). So every solution is also compared as code:
+# each statement becomes the sequence of its syntax-tree nodes with every name and constant erased (attribute and
+# keyword names kept: they are the API the answer calls), and each solution is matched against every contiguous run
+# of statements inside a function (or at the top of a cell or module) that the edition ships.
+#
+# A run counts as the answer when (see ``_leak_verdict``) the solution has at least STRUCT_MIN_TOKENS nodes, the run
+# reproduces at least STRUCT_COVERAGE of them in order, and the two are alike as a whole (difflib's ratio, 2 M / (|a|
+# + |b|), at least STRUCT_RATIO), so a long function that happens to contain most node kinds of a short answer does not
+# count. Calibrated on the course (a test prints the closest pairs): the answers once shipped in lesson modules score
+# coverage 0.95 and ratio 0.82-0.90 (05's simulate_schedule and one_f_one_b_schedule in interleaved.py, 03's
+# broadcast_parameters in dp.py); the closest code that is not an answer stays below: the dense attention 04's
+# ParallelAttention starts from (coverage 0.72), 00's plot_rank_layout against rank_table (0.74), 02's parameter-server
+# demo against 01's all_reduce (coverage 0.88 but ratio 0.69: it does more). Answers shorter than STRUCT_MIN_TOKENS
+# nodes (``return x.view_as(x)``, one loop over the ranks with a send) say nothing about where they came from.
+STRUCT_MIN_TOKENS = 20
+STRUCT_COVERAGE = 0.90
+STRUCT_RATIO = 0.80
+_BODY_FIELDS = ("body", "orelse", "finalbody", "handlers", "cases")
+_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _node_tokens(node, out: list) -> None:
+    if isinstance(node, (ast.Name, ast.Constant, ast.arg)):
+        out.append("_")
+    elif isinstance(node, ast.expr_context):
+        return
+    elif isinstance(node, ast.Attribute):
+        out.append("." + node.attr)
+        _node_tokens(node.value, out)
+    elif isinstance(node, ast.keyword):
+        out.append(f"{node.arg}=")
+        _node_tokens(node.value, out)
+    else:
+        out.append(type(node).__name__)
+        for field, value in ast.iter_fields(node):
+            if field in _BODY_FIELDS or field in ("decorator_list", "returns", "type_comment", "type_params"):
+                continue
+            for child in (value if isinstance(value, list) else [value]):
+                if isinstance(child, ast.AST):
+                    _node_tokens(child, out)
+
+
+def _statements(stmts) -> list[list[str]]:
+    """The statements in order, nested ones after their header (a compound statement contributes its header: ``for``
+    with its target and iterable, ``if`` with its test), docstrings left out; each as its list of node tokens."""
+    out = []
+    for stmt in stmts:
+        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str):
+            continue
+        tokens = [type(stmt).__name__]
+        if isinstance(stmt, _DEFS):
+            if not isinstance(stmt, ast.ClassDef):
+                _node_tokens(stmt.args, tokens)
+        else:
+            tokens = []
+            _node_tokens(stmt, tokens)
+        out.append(tokens)
+        for field in _BODY_FIELDS:
+            inner = getattr(stmt, field, None) or []
+            if field == "handlers":
+                for handler in inner:
+                    head = ["except"]
+                    if handler.type is not None:
+                        _node_tokens(handler.type, head)
+                    out += [head] + _statements(handler.body)
+            elif field == "cases":
+                for case in inner:
+                    out += [["case"]] + _statements(case.body)
+            else:
+                out += ([[field]] if field != "body" and inner else []) + _statements(inner)
+    return out
+
+
+def _parse(text: str):
+    """``text`` as a module (a cell's magics and shell lines left out, a region cut out of a method re-nested), or
+    None when it is not Python."""
+    lines = [line for line in text.splitlines() if not line.lstrip().startswith(("%", "!"))]
+    for code in (textwrap.dedent("\n".join(lines)), "class _:\n    def _(self):\n" + "\n".join(lines)):
+        try:
+            return ast.parse(code)
+        except SyntaxError:
+            continue
+    return None
+
+
+def _functions(tree):
+    return [node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def _solution_units() -> dict[str, list[list[str]]]:
+    """Every solution region of solutions/*/*.ipynb, every function one is in and every function defined in one:
+    ``{"05_pipeline_parallel simulate_schedule simulate_schedule()": statements}``."""
+    units = {}
+    for path in sorted((REPO / "solutions").glob("*/*.ipynb")):
+        for i, cell in enumerate(nbformat.read(path, as_version=4).cells):
+            if "### BEGIN SOLUTION" not in cell.source:
+                continue
+            gid = cell.metadata.get("nbgrader", {}).get("grade_id", f"cell {i}")
+            regions, region, marked = [], None, []
+            for n, line in enumerate(cell.source.splitlines(), 1):
+                if "### BEGIN SOLUTION" in line:
+                    region = []
+                    marked.append(n)
+                elif "### END SOLUTION" in line and region is not None:
+                    regions.append("\n".join(region))
+                    region = None
+                elif region is not None:
+                    region.append(line)
+            for k, text in enumerate(regions, 1):
+                tree = _parse(text)
+                if tree is not None:
+                    units[f"{path.stem} {gid} region {k}"] = _statements(tree.body)
+                    units.update({f"{path.stem} {gid} {fn.name}()": _statements(fn.body) for fn in _functions(tree)})
+            whole = _parse(re.sub(r"### (BEGIN|END) SOLUTION", "", cell.source))
+            for fn in _functions(whole) if whole is not None else []:
+                if any(fn.lineno <= n <= fn.end_lineno for n in marked):
+                    units[f"{path.stem} {gid} {fn.name}()"] = _statements(fn.body)
+    kept, seen = {}, set()
+    for name, stmts in sorted(units.items(), key=lambda item: not item[0].endswith("()")):  # a function that
+        # is all one region: once, by its name
+        key = repr(stmts)
+        if sum(map(len, stmts)) >= STRUCT_MIN_TOKENS and key not in seen:
+            kept[name] = stmts
+            seen.add(key)
+    return kept
+
+
+def _shipped_code(root: Path) -> dict[str, str]:
+    """The Python the edition at ``root`` ships: its modules, every code cell of its notebooks and demos, and the
+    Python that ``course`` runs (its ``<<'PY'`` blocks)."""
+    code = {}
+    for path in sorted(root.rglob("*")):
+        if not path.is_file() or ".git" in path.parts:
+            continue
+        rel = path.relative_to(root).as_posix()
+        if path.suffix == ".py":
+            code[rel] = path.read_text()
+        elif path.suffix == ".ipynb":
+            for k, cell in enumerate(json.loads(path.read_text())["cells"]):
+                if cell["cell_type"] == "code":
+                    source = cell["source"]
+                    code[f"{rel} cell {k}"] = "".join(source) if isinstance(source, list) else source
+        elif path.name == "course":
+            for k, block in enumerate(re.findall(r"<<'PY'\n(.*?)\nPY\n", path.read_text(), re.S), 1):
+                code[f"{rel} (Python block {k})"] = block
+    return code
+
+
+def _shipped_bodies(code: dict[str, str]) -> dict[str, list[list[str]]]:
+    """Every function of ``code`` (``name:function``), and the top level of each cell or module outside its
+    definitions, as statement lists."""
+    bodies = {}
+    for name, text in code.items():
+        tree = _parse(text)
+        if tree is None:
+            continue
+        bodies[name] = _statements([s for s in tree.body if not isinstance(s, _DEFS)])
+        for fn in _functions(tree):
+            bodies[f"{name}:{fn.name}"] = _statements(fn.body)
+    return {name: stmts for name, stmts in bodies.items() if stmts}
+
+
+def _kgrams(tokens: list[str], k: int = 6) -> set:
+    return {tuple(tokens[i:i + k]) for i in range(len(tokens) - k + 1)}
+
+
+def _closest_run(answer: list[list[str]], stmts: list[list[str]]) -> tuple[float, float, int, int]:
+    """(ratio, coverage, first, last statement) of the run of ``stmts`` most like ``answer``, among runs of about
+    its length (3/4 to 4/3 of its statements): difflib's ratio of the two token sequences, and the share of the
+    answer's tokens the run reproduces in order."""
+    a = [t for s in answer for t in s]
+    counts = Counter(a)
+    matcher = difflib.SequenceMatcher(None, autojunk=False)
+    matcher.set_seq2(a)
+    n = len(answer)
+    best = (0.0, 0.0, 0, 0)
+    for length in sorted({max(1, n - n // 4), n, n + n // 3 + 1}):
+        for start in range(max(1, len(stmts) - length + 1)):
+            b = [t for s in stmts[start:start + length] for t in s]
+            if 2 * sum((counts & Counter(b)).values()) / (len(a) + len(b)) <= best[0]:
+                continue   # cannot beat the best run so far
+            matcher.set_seq1(b)
+            ratio = matcher.ratio()
+            if ratio > best[0]:
+                same = sum(block.size for block in matcher.get_matching_blocks())
+                best = (ratio, same / len(a), start, min(start + length, len(stmts)))
+    return best
+
+
+def _closest_pairs(code: dict[str, str]) -> list[tuple]:
+    """For each solution, the shipped run most like it: [(ratio, coverage, solution, where, tokens)], best first.
+    Only pairs that share a sixth of the answer's 6-token sequences are compared in full."""
+    units = _solution_units()
+    assert len(units) > 40, "found too few solutions: is the course there?"
+    bodies = _shipped_bodies(code)
+    grams = {name: _kgrams([t for s in stmts for t in s]) for name, stmts in bodies.items()}
+    pairs = []
+    for unit, answer in units.items():
+        mine = _kgrams([t for s in answer for t in s])
+        best = None
+        for body, stmts in bodies.items():
+            if len(mine & grams[body]) < len(mine) / 6:
+                continue
+            ratio, coverage, first, last = _closest_run(answer, stmts)
+            if best is None or ratio > best[0]:
+                best = (ratio, coverage, unit, f"{body} (statements {first + 1}-{last})", sum(map(len, answer)))
+        if best is not None:
+            pairs.append(best)
+    return sorted(pairs, reverse=True)
+
+
+def _leak_verdict(ratio: float, coverage: float) -> bool:
+    return coverage >= STRUCT_COVERAGE and ratio >= STRUCT_RATIO
+
+
+def _structural_leaks(code: dict[str, str]) -> list[str]:
+    return [f"{unit} is reproduced by {where}: {coverage:.0%} of its {tokens} syntax nodes in order, "
+            f"similarity {ratio:.2f}" for ratio, coverage, unit, where, tokens in _closest_pairs(code)
+            if _leak_verdict(ratio, coverage)]
+
+
+#: A commit whose lesson modules still held two answers: 05_pipeline_parallel's interleaved.py (simulate_interleaved
+#: was simulate_schedule with a chunk index, interleaved_schedule one_f_one_b_schedule with chunks) and
+#: 03_data_parallel's dp.py (ddp_rank_report broadcast the weights as broadcast_parameters does).
+LEAKY_COMMIT = "deefbe804681336672243342379884bba52a81b9"
+LEAKY_FILES = ("labsupport/lessons/pipeline_parallel/interleaved.py", "labsupport/lessons/data_parallel/dp.py")
+
+
+def test_no_answer_is_shipped_as_code_of_the_edition(edition):
+    """No function, cell or module of the edition holds a run of statements that is a solution with other names."""
+    leaks = _structural_leaks(_shipped_code(edition))
+    assert not leaks, "\n".join(leaks)
+
+
+def test_the_function_level_comparison_finds_the_answers_lesson_modules_once_held():
+    """On the lesson modules as they were at LEAKY_COMMIT, the comparison finds 05's simulate_schedule in
+    simulate_interleaved and 03's broadcast_parameters in ddp_rank_report, which the line comparison let through."""
+    code = {}
+    for path in LEAKY_FILES:
+        proc = subprocess.run(["git", "show", f"{LEAKY_COMMIT}:{path}"], cwd=REPO, capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.skip(f"this copy of the repository lacks commit {LEAKY_COMMIT[:10]} ({proc.stderr.strip()})")
+        code[path] = proc.stdout
+    leaks = _structural_leaks(code)
+    found = {(leak.split(" is reproduced by ")[0], leak.split(" is reproduced by ")[1].split(" (")[0])
+             for leak in leaks}
+    assert ("05_pipeline_parallel simulate_schedule simulate_schedule()",
+            f"{LEAKY_FILES[0]}:simulate_interleaved") in found, leaks
+    assert ("03_data_parallel broadcast_parameters broadcast_parameters()",
+            f"{LEAKY_FILES[1]}:ddp_rank_report") in found, leaks
+
+
+def test_the_function_level_comparison_finds_a_renamed_answer_and_not_generic_code():
+    """An answer with every name changed, a parameter added and a comment inserted, inside a longer helper, is
+    found; short generic code (a loop over the ranks, ``return x``) and the dense attention an exercise starts
+    from are not."""
+    nb = nbformat.read(REPO / "solutions" / "02_ring_allreduce" / "02_ring_allreduce.ipynb", as_version=4)
+    answer = next(c.source for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "ring_all_reduce")
+    body = textwrap.dedent(answer.split("### BEGIN SOLUTION")[1].split("### END SOLUTION")[0])
+    kept = {"dist", "torch", "range", "len", "min", "max", "sum", "list", "zip", "enumerate", "int", "float"}
+
+    class Rename(ast.NodeTransformer):
+        def visit_Name(self, node):
+            if node.id not in kept:
+                node.id = f"v_{len(node.id)}_{node.id[::-1]}"
+            return node
+
+    renamed = ast.unparse(Rename().visit(ast.parse(body)))
+    assert renamed.count("v_") > 5 and "### " not in renamed
+    helper = ("def spread(tensor, tag=None):\n    stats = {}\n    stats['tag'] = tag\n"
+              + textwrap.indent(renamed, "    ") + "\n    stats['done'] = True\n    return stats\n")
+    assert _structural_leaks({"labsupport/helper.py": helper}), helper
+    generic = ("def send_to_all(t):\n    for r in range(dist.get_world_size()):\n        if r != dist.get_rank():\n"
+               "            dist.send(t, r)\n    return t\n")
+    from_dense = (REPO / "labsupport" / "lessons" / "tensor_parallel" / "__init__.py").read_text()
+    assert not _structural_leaks({"generic.py": generic, "tensor_parallel/__init__.py": from_dense})
 
 
 #: The development environment has the repository installed in editable mode: its import hook would find
