@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import feedback as fb
+from .checks._common import REFUSED
 from .course import RELEASE, SOURCE
 from .execute import CURRENT, guarded_execute_class, kernel_env, nbgrader_meta, reset_record
 from .judge import judge_spec
@@ -256,6 +257,10 @@ def _judged(outcomes: list, judge, result: Result, secret) -> list:
         else:
             o = fb.TestOutcome(o.grade_id, points, o.max_points, o.message)
         judged.append(o)
+    refused = [f"{gid}: {_one_line(fb.clean_value(m, secret), 200)}" for gid, (_, m) in verdicts.items()
+               if m and REFUSED in m]
+    if refused:  # the warden refused something inside the student's own function (labsupport/_warden.py)
+        result.flags.append("refused on the workers: " + "; ".join(refused)[:600])
     if report.get("error"):
         result.flags.append(f"judge: {report['error']}")
     if report.get("in_process"):

@@ -1,12 +1,16 @@
 """Test selection: ``./course test -m "not slow"`` is the quick loop (the launcher, the lesson modules, the screen,
 the layout); the slow tests run real kernels, grade notebooks through nbgrader, or run every check on workers."""
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+
+# Workers install the warden as grading's do (labsupport/_warden.py), so that every check's test runs as it grades.
+os.environ.setdefault("LABSUPPORT_WARDEN", "1")
 
 #: Modules whose tests are slow: real notebook kernels, nbgrader grading, or every check on real workers.
 SLOW_MODULES = {

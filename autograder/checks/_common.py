@@ -28,9 +28,36 @@ def draw_seed() -> int:
 def run_on_workers(probe, *args, world_size: int, what: str, timeout: float | None = None, **kwargs):
     """Run ``probe`` on ``world_size`` ranks; turn every failure into an ``AssertionError`` naming ``what``."""
     timeout = PROBE_TIMEOUT if timeout is None else timeout
+    refused_before(what)
     try:
-        return labsupport.run(probe, *args, world_size=world_size, timeout=timeout, **kwargs)
-    except labsupport.WorkerTimeout as exc:
+        result = labsupport.run(probe, *args, world_size=world_size, timeout=timeout, **kwargs)
+    except (labsupport.WorkerTimeout, labsupport.WorkerError) as exc:
+        refused_before(what)
+        return _failed(exc, world_size, what, timeout)
+    refused_before(what)
+    return result
+
+
+#: What a check's message starts with when a warden refused something: the grader flags such a submission.
+REFUSED = "grading refused"
+
+
+def refused_before(what: str) -> None:
+    """Raise ``AssertionError`` if a worker's warden (``labsupport._warden``) refused something since the last look:
+    read here, in the grader's process, from the files the wardens write, never from a worker's Python."""
+    from labsupport._pool import take_refusals
+
+    found = take_refusals()
+    if found:
+        rank, text = found[0]
+        more = f" ({len(found) - 1} more refusal(s))" if len(found) > 1 else ""
+        text = text[len(REFUSED):] if text.startswith(REFUSED) else f": {text}"
+        raise AssertionError(f"{REFUSED} in {what} on rank {rank}{text}{more}") from None
+
+
+def _failed(exc, world_size: int, what: str, timeout: float):
+    """The ``AssertionError`` for a probe that failed on the workers (``run_on_workers``)."""
+    if isinstance(exc, labsupport.WorkerTimeout):
         lines = [line.strip() for line in str(exc).splitlines() if line.strip().startswith("rank ")]
         where = "; ".join(lines)
         left = [line.split(":")[0] for line in lines if f"{_CHECKS}{os.sep}" in line]
@@ -51,7 +78,7 @@ def run_on_workers(probe, *args, world_size: int, what: str, timeout: float | No
             f"{what} did not finish within {timeout:g} s with world_size={world_size}: it deadlocked "
             f"(a rank waited for a message that never came). {where}. {advice}"
         ) from None
-    except labsupport.WorkerError as exc:
+    else:
         if exc.exc_type == "AssertionError":
             raise AssertionError(f"{exc.exc_message} (world_size={world_size}, seen on rank {exc.rank})") from None
         if exc.exc_type == "NotImplementedError":
