@@ -171,7 +171,65 @@ def _verdict(name: str, trial: dict, n: int, reports: list):
         _RUN[name][1](trial, n, reports)
     except _Problem as p:
         return p.rank, p.message
+    return _traffic_problem(name, trial, n, reports)
+
+
+def _nbytes(x) -> int:
+    if x is None:
+        return 0
+    if isinstance(x, (list, tuple)):
+        return sum(_nbytes(t) for t in x)
+    return x.numel() * x.element_size()
+
+
+#: What each rank must at least send and receive in point-to-point calls, whatever the algorithm (relaying and
+#: partial sums included): its own data has to leave it, and what its answer depends on has to reach it.
+#: name -> (rank, n, root, report) -> (bytes it must send, bytes it must receive, why)
+_NEEDS = {
+    "broadcast": lambda r, n, root, rep: (0, 0 if r == root else _nbytes(rep["expected"]),
+                                          "every rank other than src must receive the whole tensor"),
+    "reduce": lambda r, n, root, rep: (0 if r == root else _nbytes(rep["after"]),
+                                       _nbytes(rep["after"]) if r == root else 0,
+                                       "every rank's data must leave it and reach dst (alone or summed)"),
+    "all_reduce": lambda r, n, root, rep: (_nbytes(rep["after"]) * (n - 1) // n, _nbytes(rep["after"]) * (n - 1) // n,
+                                           "every rank's result depends on every other rank's tensor"),
+    "gather": lambda r, n, root, rep: (0 if r == root else _nbytes(rep["after"]),
+                                       _nbytes(rep["after"]) * (n - 1) if r == root else 0,
+                                       "dst must receive every other rank's tensor"),
+    "all_gather": lambda r, n, root, rep: (_nbytes(rep["after"]), _nbytes(rep["after"]) * (n - 1),
+                                           "every rank must receive every other rank's tensor"),
+    "scatter": lambda r, n, root, rep: (_nbytes(rep["expected"]) * (n - 1) if r == root else 0,
+                                        0 if r == root else _nbytes(rep["expected"]),
+                                        "every rank other than src must receive its chunk"),
+    "reduce_scatter": lambda r, n, root, rep: (_nbytes(rep["expected"]) * (n - 1), _nbytes(rep["expected"]),
+                                               "every other rank's result needs this rank's chunk for it"),
+    "all_to_all": lambda r, n, root, rep: (sum(_nbytes(c) for j, c in enumerate(rep["chunks"]) if j != r),
+                                           sum(_nbytes(c) for j, c in enumerate(rep["expected"]) if j != r),
+                                           "every chunk meant for another rank must travel to it"),
+}
+
+
+def _traffic_problem(name: str, trial: dict, n: int, reports: list):
+    """(rank, message) when a rank got a right answer with less point-to-point traffic than the collective needs
+    (its data moved another way: the rendezvous store, a collective the recording did not see), else None."""
+    if n < 2:
+        return None
+    for r in range(n):
+        comm = reports[r]["comm"]
+        must_send, must_receive, why = _NEEDS[name](r, n, trial.get("root"), reports[r])
+        for did, need, verb in ((comm.bytes_sent, must_send, "sent"), (comm.bytes_received, must_receive,
+                                                                         "received")):
+            if did < need:
+                return r, (f"rank {r} {verb} {did} bytes in send/recv calls in {_describe_short(name, trial)}, "
+                           f"but {name} needs at least {need}: {why}. The answer is right, so the data travelled "
+                           "some other way; the exercise is to move it with point-to-point messages.")
     return None
+
+
+def _describe_short(name: str, trial: dict) -> str:
+    root = trial.get("root")
+    return f"{name}(..., {root})" if root is not None and name in ("broadcast", "reduce", "gather", "scatter") \
+        else f"{name}(...)"
 
 
 def _probe(name: str, fn, trials: list) -> bool:

@@ -11,6 +11,8 @@ import math
 import torch
 import torch.nn as nn
 
+from labsupport.comm import recorded_calls
+
 from .diagnose import _calls_failure, _grad_mismatch, _overlap_failure, _state_mismatch
 from .model import _data, _loss, _make_model, _names
 from .reference import _layout
@@ -134,7 +136,9 @@ class _Watch:
                 self.handles.append(p.register_post_accumulate_grad_hook(lambda _p, name=name: self._ready(name)))
 
     def issued(self) -> int:
-        return 0 if self.counter is None else self.counter.count("all_reduce")
+        if self.counter is None:
+            return 0
+        return sum(1 for kind, *_ in recorded_calls(self.counter) if kind == "all_reduce")
 
     def _ready(self, name):
         self.events.append((name, self.issued()))
@@ -187,7 +191,7 @@ def _probe_ddp(cls, name: str, seed: int, rows: int, cap_mb, steps: int, micro: 
             loss = _student_call(f"{label}: forward", wrapped, x)
             loss = ((loss - y) ** 2).mean() * scale
             loss.backward()
-            after_backward = cc.count("all_reduce")
+            after_backward = sum(1 for kind, *_ in recorded_calls(cc) if kind == "all_reduce")
             _student_call(f"{label}.finish_gradient_synchronization()", wrapped.finish_gradient_synchronization)
         watch.counter = None
         calls = list(cc.calls)

@@ -1,0 +1,285 @@
+"""Grading holds against code inside the student's own function on the workers (``labsupport/_warden.py``).
+
+Each cheat is written as a student would write it and compiled as the judge compiles a submission's cells (file
+name ``<student code: ...>``); the real check then runs it on real workers with the warden installed (as the judge's
+workers have it: ``tests/conftest.py`` sets ``LABSUPPORT_WARDEN=1``). Every one must lose its points, with a
+message that says what was refused; the honest answer beside it keeps them.
+"""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from autograder.checks import collectives as C
+from autograder.checks._common import REFUSED
+from labsupport import tap
+
+pytestmark = pytest.mark.slow
+
+HONEST = '''
+def all_reduce(tensor):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    if rank != 0:
+        dist.send(tensor, dst=0)
+        dist.recv(tensor, src=0)
+    else:
+        buf = torch.empty_like(tensor)
+        for r in range(1, n):
+            dist.recv(buf, src=r)
+            tensor += buf
+        for r in range(1, n):
+            dist.send(tensor, dst=r)
+'''
+
+CHEATS = {
+    # the recording is reachable: delete what the built-in left in the check's counter
+    "edits_the_recording": '''
+def all_reduce(tensor):
+    from labsupport import tap
+    counters = [o for o in tap.observers() if type(o).__name__ == "CommCounter"]
+    dist.all_reduce(tensor)
+    for c in counters:
+        c.summary.calls.clear()
+''',
+    # ... or stop every observer around the built-in call
+    "unsubscribes_the_observers": '''
+def all_reduce(tensor):
+    from labsupport import tap
+    everyone = tap.observers()
+    for o in everyone:
+        tap.unsubscribe(o)
+    dist.all_reduce(tensor)
+    for o in everyone:
+        tap.subscribe(o)
+''',
+    # ... or put invented point-to-point records in place of the built-in's
+    "invents_records": '''
+def all_reduce(tensor):
+    from labsupport import tap, CommCall
+    counters = [o for o in tap.observers() if type(o).__name__ == "CommCounter"]
+    dist.all_reduce(tensor)
+    n, me = dist.get_world_size(), dist.get_rank()
+    for c in counters:
+        c.summary.calls[:] = [CommCall("send", (me + 1) % n, tuple(range(n)), tensor.numel() * 4),
+                              CommCall("recv", (me - 1) % n, tuple(range(n)), tensor.numel() * 4)] * n
+''',
+    # the originals: the process group's own allreduce, taken from the wrapper's closure
+    "calls_the_original": '''
+def all_reduce(tensor):
+    from torch._C._distributed_c10d import ProcessGroup, AllreduceOptions
+    wrapper = ProcessGroup.allreduce
+    original = getattr(wrapper, "__wrapped__", None)
+    for cell in wrapper.__closure__ or ():
+        if callable(cell.cell_contents) and cell.cell_contents is not wrapper:
+            original = cell.cell_contents
+    original(dist.group.WORLD, [tensor], AllreduceOptions()).wait()
+''',
+    # data through the rendezvous store, no collective at all
+    "uses_the_store": '''
+def all_reduce(tensor, _get_default_store=None):
+    from torch.distributed import distributed_c10d as c10d
+    store = getattr(c10d, "_get_default_store")()
+    rank, n = dist.get_rank(), dist.get_world_size()
+    store.set(f"t{rank}", tensor.numpy().tobytes())
+    total = tensor.clone()
+    for r in range(n):
+        if r != rank:
+            total += torch.frombuffer(bytearray(store.get(f"t{r}")), dtype=tensor.dtype).reshape(tensor.shape)
+    tensor.copy_(total)
+''',
+    # the check's own inputs, read from its frames
+    "reads_the_frames": '''
+def all_reduce(tensor):
+    import sys
+    frame = sys._getframe(1)
+    trial = frame.f_locals.get("trial")
+    dist.all_reduce(tensor)
+''',
+    "reads_a_traceback": '''
+def all_reduce(tensor):
+    try:
+        raise ValueError
+    except ValueError as exc:
+        frame = getattr(exc.__traceback__, "tb_frame")
+    dist.all_reduce(tensor)
+''',
+    "walks_the_garbage_collector": '''
+def all_reduce(tensor):
+    import gc
+    found = [o for o in gc.get_objects() if type(o).__name__ == "CommCounter"]
+    dist.all_reduce(tensor)
+''',
+    # patch what the check compares with, then return a wrong answer
+    "patches_torch": '''
+def all_reduce(tensor):
+    torch.allclose = lambda *args, **kwargs: True
+    torch.equal = lambda *args, **kwargs: True
+    tensor.zero_()
+''',
+    "patches_the_grader": '''
+def all_reduce(tensor):
+    from autograder.checks.collectives import probes
+    probes._verdict = lambda *args, **kwargs: None
+    tensor.zero_()
+''',
+    "opens_a_socket": '''
+def all_reduce(tensor):
+    import socket
+    s = socket.socket()
+    s.close()
+    dist.all_reduce(tensor)
+''',
+}
+
+
+def _student(source: str, name: str):
+    namespace = {"dist": dist, "torch": torch}
+    exec(compile(source, "<student code: answer>", "exec"), namespace)
+    return namespace[name]
+
+
+def test_the_honest_answer_keeps_its_points():
+    C.check_all_reduce(_student(HONEST, "all_reduce"))
+
+
+@pytest.mark.parametrize("cheat", sorted(CHEATS))
+def test_each_cheat_loses_its_points(cheat):
+    """Refused by the warden, or (data moved past the recording in the check's small tensors, below what the byte
+    count can tell from gloo's headers) failed for sending less than an all-reduce needs."""
+    with pytest.raises(AssertionError) as info:
+        C.check_all_reduce(_student(CHEATS[cheat], "all_reduce"), timeout=20)
+    message = str(info.value)
+    by_traffic = cheat in ("calls_the_original", "uses_the_store")
+    assert message.startswith(REFUSED) or (by_traffic and "needs at least" in message), message
+
+
+def _counted(fn):
+    import labsupport
+
+    t = torch.ones(10_000)
+    with labsupport.CommCounter() as cc:
+        fn(t)
+    return [c.kind for c in cc.calls]
+
+
+def test_the_byte_count_sees_a_collective_the_recording_did_not():
+    from autograder.checks._common import run_on_workers
+
+    with pytest.raises(AssertionError) as info:
+        run_on_workers(_counted, _student(CHEATS["calls_the_original"], "all_reduce"), world_size=2, what="it")
+    assert str(info.value).startswith(REFUSED) and "no recorded call sent" in str(info.value), str(info.value)
+    assert run_on_workers(_counted, _student(HONEST, "all_reduce"), world_size=2, what="it") == [
+        ["recv", "send"], ["send", "recv"]]
+
+
+def test_a_collective_nested_in_another_calls_argument_conversion_is_refused():
+    with pytest.raises(AssertionError) as info:
+        C.check_all_reduce(_student(NESTED, "all_reduce"), timeout=20)
+    assert REFUSED in str(info.value) and "inside another" in str(info.value), str(info.value)
+
+
+NESTED = '''
+class Sneaky:
+    def __init__(self, tensor):
+        self.tensor, self.done = tensor, False
+    def __index__(self):  # the binding may convert an argument more than once
+        if not self.done:
+            self.done = True
+            dist.all_reduce(self.tensor)
+        return 0
+
+def all_reduce(tensor):
+    if dist.get_rank() == 1:
+        dist.group.WORLD.send([torch.zeros(1)], Sneaky(tensor), 0).wait()
+    if dist.get_rank() == 0:
+        dist.all_reduce(tensor)
+        dist.recv(torch.zeros(1), src=1)
+'''
+
+
+STORE_ONLY = '''
+calls = []
+
+def broadcast(tensor, src):
+    import os
+    calls.append(1)  # every rank calls it as often: the n-th call's key is the same everywhere
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+    key = "b" + str(len(calls))
+    if dist.get_rank() == src:
+        store.set(key, tensor.numpy().tobytes())
+    else:
+        data = store.get(key)  # waits until src has set it
+        tensor.copy_(torch.frombuffer(bytearray(data), dtype=tensor.dtype).reshape(tensor.shape))
+    del store
+'''
+
+
+def test_data_moved_without_the_messages_it_needs_loses_the_points():
+    """A store of its own, opened and closed inside the answer, escapes the byte count; the answer still sent
+    nothing, and the check requires what a broadcast must receive."""
+    with pytest.raises(AssertionError) as info:
+        C.check_broadcast(_student(STORE_ONLY, "broadcast"), timeout=20)
+    assert "needs at least" in str(info.value) and "point-to-point" in str(info.value), str(info.value)
+
+
+def test_the_wrappers_hand_out_no_original():
+    import labsupport  # noqa: F401  (installs nothing by itself: the tap is installed below)
+
+    tap.install()
+    from torch._C._distributed_c10d import ProcessGroup
+
+    assert not hasattr(dist.all_reduce, "__wrapped__")
+    assert not hasattr(dist.send, "__wrapped__")
+    assert not hasattr(ProcessGroup.__dict__["allreduce"], "__wrapped__")
+
+
+FAKE_OVERLAP = '''
+import torch.nn as nn
+
+class OverlapDDP(nn.Module):
+    """A blocking all-reduce after backward, with invented records of all-reduces launched during backward."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+        for t in list(module.parameters()) + list(module.buffers()):
+            dist.broadcast(t.data, src=0)
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.invented = []
+        for p in self.params:
+            p.register_post_accumulate_grad_hook(self._pretend)
+
+    def _pretend(self, p):
+        from labsupport import CommCall, tap
+        for o in tap.observers():
+            if type(o).__name__ == "CommCounter":
+                call = CommCall("all_reduce", None, tuple(range(dist.get_world_size())), p.numel() * p.element_size())
+                o.summary.calls.append(call)
+                self.invented.append((o, call))
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def finish_gradient_synchronization(self):
+        for o, call in self.invented:
+            o.summary.calls.remove(call)
+        self.invented.clear()
+        for p in reversed(self.params):
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            dist.all_reduce(p.grad)
+            p.grad /= dist.get_world_size()
+
+    def no_sync(self):
+        import contextlib
+        return contextlib.nullcontext()
+'''
+
+
+def test_invented_records_do_not_make_a_blocking_ddp_overlap():
+    """03: what the check reads while backward runs comes from the warden's record, not from the counter's list."""
+    from autograder.checks import data_parallel as D
+
+    with pytest.raises(AssertionError) as info:
+        D.check_OverlapDDP(_student(FAKE_OVERLAP, "OverlapDDP"))
+    assert "overlap" in str(info.value).lower() or "issued" in str(info.value), str(info.value)
