@@ -79,8 +79,8 @@ class Failure:
     def raised(cls, rank: int, error: dict) -> "Failure":
         """From the error a worker sent (``_worker._error_dict``)."""
         text, summary = format_frames(error["frames"])
-        return cls(rank, error["type"], error["message"], text, summary, error["where"],
-                   exception=error.get("exception"))
+        message = error["message"] if error["message"].strip() else _empty_message(error["type"], error["frames"])
+        return cls(rank, error["type"], message, text, summary, error["where"], exception=error.get("exception"))
 
     @classmethod
     def died(cls, rank: int, exitcode: int | None, native: str | None = None) -> "Failure":
@@ -201,6 +201,44 @@ class WorkerTimeout(_Rendered, TimeoutError):
 
     def __reduce__(self):
         return type(self), (str(self), self.ranks, self.stacks, self.timeout)
+
+
+def _qualified_name(filename: str, lineno: int, name: str) -> str:
+    """``MiniFSDP.forward`` for the method whose body holds line ``lineno`` of ``filename`` (a notebook cell's
+    source is in ``linecache``); the frame's bare ``name`` when the source cannot be read."""
+    import ast
+
+    try:
+        tree = ast.parse("".join(linecache.getlines(filename)))
+    except (SyntaxError, ValueError):
+        return name
+    found: list[str] = []
+
+    def visit(node, outer):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and \
+                    child.lineno <= lineno <= (child.end_lineno or child.lineno):
+                path = outer + [child.name]
+                if not isinstance(child, ast.ClassDef):
+                    found[:] = path
+                visit(child, path)
+
+    visit(tree, [])
+    return ".".join(found) if found and found[-1] == name else name
+
+
+def _empty_message(exc_type: str, frames) -> str:
+    """What to say for an exception raised with no message (``raise NotImplementedError()``): the function or
+    method whose body raised it, from the innermost frame of the student's (or a library's) code."""
+    frames = [f for f in frames if not is_internal(f[0]) and f[0] != "<string>"]
+    if not frames:
+        return "(raised with no message)"
+    filename, lineno, name, line = frames[-1]
+    where = _qualified_name(filename, lineno, name)
+    if exc_type == "NotImplementedError":
+        return f"{where} is not implemented yet" if name != "<module>" else "not implemented yet"
+    src = (line or linecache.getline(filename, lineno)).strip()
+    return f"(no message) in {where}, {display_name(filename)}, line {lineno}" + (f": {src}" if src else "")
 
 
 def _signal_name(code: int) -> str:

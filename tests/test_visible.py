@@ -196,3 +196,38 @@ def test_validate_names_what_is_not_started_and_a_failure_on_a_rank(tmp_path):
 
 def test_validate_passes_when_every_exercise_does(tmp_path):
     assert _validate(tmp_path, {"ab": "def ab():\n    return 2", "cde": "def cde():\n    return 3"}) == {}
+
+
+def test_an_exception_with_no_message_on_a_rank_says_what_raised_it():
+    """``raise NotImplementedError()`` in a method run on real workers: the report names the method ("rank 0 raised
+    NotImplementedError: MiniFSDP.forward is not implemented yet"), not an empty reason; an ``assert`` without a
+    message names the function, the cell's line and its source."""
+    cells = [
+        SETUP,
+        "import torch.nn as nn\n\n"
+        "class MiniFSDP(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n\n"
+        "    def forward(self, x):\n"
+        "        # YOUR CODE HERE\n"
+        "        raise NotImplementedError()\n\n"
+        "def check_positive(x):\n"
+        "    assert x > 0\n",
+        "try:\n"
+        "    labsupport.run(lambda: MiniFSDP()(1), world_size=2, timeout=60)\n"
+        "except labsupport.WorkerError as exc:\n"
+        "    print(str(exc).splitlines()[0])",
+        "try:\n"
+        "    labsupport.run(lambda: check_positive(-dist.get_rank()), world_size=2, timeout=60)\n"
+        "except labsupport.WorkerError as exc:\n"
+        "    print(str(exc).splitlines()[0])\n"
+        "    print(exc.exc_message)",
+    ]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    out = _run(nb)
+    assert out[2].strip() == ("rank 0 raised NotImplementedError: MiniFSDP.forward is not implemented yet; "
+                              "rank 1 raised NotImplementedError: MiniFSDP.forward is not implemented yet"), out[2]
+    first, message = out[3].strip().splitlines()
+    assert first.startswith("rank 0 raised AssertionError: (no message) in check_positive, Cell In[2], line 12: "
+                            "assert x > 0"), first
+    assert message.startswith("(no message) in check_positive"), message
