@@ -126,6 +126,8 @@ CHEATS = {
     "captured original": ("f = getattr(dist, 'all_' + 'reduce')", "computed name"),
     "file outside the folder": ("open('/home/x/answers.txt').read()", "outside the notebook's folder"),
     "parent folder": ("open('../../solutions/x.ipynb')", "outside the notebook's folder"),
+    "torch.save outside": ("def f(t):\n    torch.save(t, '/tmp/answer.pt')", "outside the notebook's folder (torch.save)"),
+    "open by keyword": ("x = open(file='/etc/hosts')", "outside the notebook's folder (open)"),
     "pathlib outside": ("from pathlib import Path\nPath('/etc').read_text()", "outside the notebook's folder"),
     "subprocess": ("import subprocess\nsubprocess.run(['ls'])", "starts processes"),
     "os.system": ("import os\nos.system('ls')", "shell command"),
@@ -271,6 +273,8 @@ def test_cheat_is_flagged(name):
     "    shutil.rmtree(os.path.join(directory, 'old'), ignore_errors=True)",
     "import os\ndef load(directory, n):\n    return torch.from_file(os.path.join(directory, 'a.bin'), size=n)",
     "from pathlib import Path\ndef save(t, directory):\n    torch.save(t, Path(directory) / 'state.pt')",
+    "def save(t, directory):\n    torch.save(t.clone(), os.path.join(directory, 'x.pt'))\n"
+    "    return torch.load(f=os.path.join(directory, 'x.pt'))",
 ])
 def test_honest_code_is_not_flagged(source):
     assert screen_source(source, MODULES) == []

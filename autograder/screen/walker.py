@@ -647,13 +647,15 @@ class _Screen(ast.NodeVisitor):
                             self._attribute(None, attr, node, _shown(node))
 
     def _file_call(self, node, what: str) -> None:
-        if not node.args:
+        name = what.rsplit(".", 1)[-1]
+        position, keyword = (1, "f") if what == "torch.save" else (0, "f" if what == "torch.load" else "file")
+        paths = list(node.args[position:position + (2 if name in _TWO_PATHS else 1)])
+        paths += [k.value for k in node.keywords if k.arg in (keyword, "path", "src", "dst")]
+        if not paths:
             if what.endswith("Path"):
                 return  # Path() is the working directory
             self.add(f"opens or changes files ({what} with no plain path)", node)
             return
-        name = what.rsplit(".", 1)[-1]
-        paths = node.args[:2] if name in _TWO_PATHS else node.args[:1]
         if any(not self.bindings.is_rooted(p) for p in paths):
             self.add(f"opens or changes files outside the notebook's folder ({what})", node)
 
