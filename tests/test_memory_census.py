@@ -150,3 +150,19 @@ def test_fmt_bytes():
     assert fmt_bytes(512) == "512 B"
     assert fmt_bytes(3 * 1024 + 100) == "3.1 KiB"
     assert fmt_bytes(3.1 * 1024 ** 2) == "3.1 MiB"
+
+
+def test_buffer_put_in_a_frozen_module_is_found():
+    """As in a worker, where what the fork server imported is frozen out of gc.get_objects()."""
+    import json
+
+    gc.freeze()
+    try:
+        watch = MemoryWatch()
+        json._census_test_copy = np.ones(100)
+        kept = watch.kept()
+        watch.close()
+    finally:
+        json.__dict__.pop("_census_test_copy", None)
+        gc.unfreeze()
+    assert _sizes(kept) == [800], kept.largest()

@@ -18,7 +18,10 @@ Call it only from the check's own code, never while a student's function is on t
 
 A tensor that C++ holds without a Python object is found through the tensor that owns it: the ``.grad`` autograd
 made (read for every tensor found), the tensors saved in an autograd graph (walked from every tensor's ``grad_fn``
-and every live autograd node). What a census cannot see: memory that no Python object reaches, such as C++ state outside autograd (a
+and every live autograd node). In a worker, what the fork server imported is frozen out of the collector's sight (``gc.freeze``): a tensor is
+always new enough to be seen, and so is a Python buffer in the globals of a module that gained a name since the
+baseline, but not one hidden inside another object that existed before the freeze (a list or dict of a library's,
+an existing global rebound). What a census cannot see: memory that no Python object reaches, such as C++ state outside autograd (a
 ``TCPStore``'s server, a process group's buffers), memory obtained through ``ctypes``, ``mmap`` or shared memory,
 files, other processes; copies encoded into ``str`` objects (strings are left out: importing a module creates many);
 tensors kept alive only by C++ objects other than autograd nodes (a DLPack capsule, a pending ``Work``).
@@ -162,8 +165,18 @@ def _buffer_types():
     return kinds
 
 
-def census() -> _Census:
-    """Every storage and Python buffer alive in this process now (see the module's docstring)."""
+def _module_dicts():
+    return [vars(m) for m in list(sys.modules.values()) if isinstance(m, types.ModuleType)]
+
+
+def module_sizes() -> dict:
+    """{id: (globals, how many)} of every module's globals now: what ``census`` compares with."""
+    return {id(d): (d, len(d)) for d in _module_dicts()}
+
+
+def census(modules: dict | None = None) -> _Census:
+    """Every storage and Python buffer alive in this process now (see the module's docstring). ``modules``: the
+    modules' globals at the baseline (``module_sizes``); those of a module that gained names since are looked at too."""
     found = _Census()
     objs = gc.get_objects()
     kinds = set(map(type, objs))
@@ -202,6 +215,15 @@ def census() -> _Census:
     del objs
     extra = [x for f in functions for x in (f.__defaults__, f.__kwdefaults__, getattr(f, "__dict__", None))
              if x is not None]
+    # A worker freezes what it imported (gc.freeze): those objects are not in gc.get_objects(). A module's globals
+    # are where a buffer could be put: the globals of a module that gained names since ``modules`` (see
+    # ``module_sizes``) are looked at. (Only their sizes are compared: reading every name would write to every
+    # name's reference count, and so copy every page the worker shares with the fork server.)
+    if modules is not None:
+        for d in _module_dicts():
+            before = modules.get(id(d))
+            if before is None or before[0] is not d or len(d) != before[1]:
+                scan.append(d)
     buffers, containers = _buffer_types(), set(_CONTAINERS)
     interesting = buffers | containers
     level = gc.get_referents(*scan) + extra
@@ -328,6 +350,7 @@ class MemoryWatch:
     """A baseline census now; ``kept(known)`` later gives what is alive beyond it and beyond ``known``."""
 
     def __init__(self):
+        self._modules = module_sizes()
         base = census()
         self._base = {k: v[0] for k, v in base.entries.items()}
         self._hold = [v[2] for v in base.entries.values()]  # no new storage reuses a baseline address or id
@@ -335,7 +358,7 @@ class MemoryWatch:
                       if isinstance(v[2], torch.UntypedStorage)}
 
     def kept(self, known=()) -> Kept:
-        now = census()
+        now = census(self._modules)
         covered = _coverage(known)
         out = {}
         for key, (n, what, holder) in now.entries.items():
@@ -353,3 +376,4 @@ class MemoryWatch:
 
     def close(self):
         self._hold = []
+        self._modules = None
