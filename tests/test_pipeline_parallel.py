@@ -222,7 +222,7 @@ def test_pipeline_run_records_real_spans_and_matches_one_process():
             lesson.plot_partition(ref.reference_partition(5, 2)),
             lesson.plot_checkpointing(lesson.checkpoint_sweep(num_layers=4, width=8, rows=8, every=(0, 2),
                                                               repeats=1), 4),
-            lesson.plot_interleaved({"v=2": interleaved.simulate_interleaved(2, 4, 2)["busy"]})]
+            lesson.plot_interleaved({"v=2": interleaved.simulated(4, 8, 2)["busy"]})]
     import matplotlib.pyplot as plt
 
     for fig in figs:
