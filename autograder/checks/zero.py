@@ -14,6 +14,11 @@ momentum (a missing average is nearly invisible to Adam, which is almost scale-i
 * the optimizer state each rank holds (the ``state`` of every torch optimizer reachable from the student's object)
   is about 1/N of the oracle's: at most Ψ/N plus the largest parameter per state tensor kind, and the ranks
   together hold no more than one copy (plus padding);
+* what a rank keeps alive after the first ``step()`` is measured, not walked: a census of every tensor storage and
+  Python buffer in the worker (``autograder.checks._memory``), taken before the constructor and after the step,
+  less the model, its gradients and the check's own tensors, must be that rank's shard: the state, parameters and
+  gradients of the optimizers in the student's object (each about 1/N of the model), plus 512 B. State kept in a
+  closure, a global, numpy copies, behind a decoy optimizer, is counted wherever it is;
 * one ``step()`` moves at most 2Ψ per rank (the paper's accounting, ``labsupport.lessons.zero.traffic_bytes``,
   plus padding), as data parallelism does;
 * ZeRO-2: no all-reduce of gradients; after ``step()`` no model parameter has a ``.grad`` and the gradients the
@@ -45,9 +50,6 @@ WORLD_SIZES = (2, 3, 4)
 #: modules, 5 s of CPU on an idle core, far more on a loaded machine); a deadlock is still stopped well inside the
 #: grader's cell time-out, since the first world size that fails ends the check.
 PROBE_TIMEOUT_ZERO = max(PROBE_TIMEOUT, 100.0)
-#: The optimizer whose run is measured by a census of the worker's memory (its state is two tensors per element,
-#: the clearest signal); the census costs about a tenth of a second of CPU per rank, so it is taken once per run.
-CENSUS_CONFIG = "AdamW"
 #: Bytes a rank may keep beyond the model, its gradients and its shard (a few scalars of bookkeeping).
 CENSUS_SLACK = 512
 
@@ -349,7 +351,7 @@ def _probe(cls, cls_name, zero2, seed):
         oracle_opt = optimizer_cls(oracle.parameters(), **kwargs)
         setup = f"{cls_name}(model.parameters(), torch.optim.{opt_name}, **{kwargs}) on {world} ranks (seed {seed})"
         opt = None
-        watch = MemoryWatch() if opt_name == CENSUS_CONFIG else None
+        watch = MemoryWatch()  # the baseline: a few milliseconds of CPU in a worker
         opt = call_student(f"{cls_name}(...) with torch.optim.{opt_name}", cls, model.parameters(), optimizer_cls,
                        **kwargs)
         volumes = []
@@ -374,20 +376,16 @@ def _probe(cls, cls_name, zero2, seed):
                                     pad, opt, zero2, volumes)
             if step == 0:  # collective: every rank calls it
                 state_failure = _state_failure(setup, rank, world, opt, oracle_opt, psi, largest, pad, zero2)
-                census_failure = None
-                if watch is not None:
-                    kinds = _state_elements([oracle_opt]) // psi
-                    known = [X, Y, *_model_tensors(model), *_model_tensors(oracle)]
-                    known += [v for s in oracle_opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-                    census_failure = _census_failure(setup, rank, world, watch, opt, known, psi, largest, pad, kinds,
-                                                     trainable[0].element_size())
-                    census = watch.measured
+                kinds = _state_elements([oracle_opt]) // psi
+                known = [X, Y, *_model_tensors(model), *_model_tensors(oracle)]
+                known += [v for s in oracle_opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+                census_failure = _census_failure(setup, rank, world, watch, opt, known, psi, largest, pad, kinds,
+                                                 trainable[0].element_size())
                 failure = failure or state_failure or census_failure
             if _stop_if_any(failure):
                 return None
         report.append((opt_name, max(volumes) / (psi * trainable[0].element_size())))
-        if watch is not None:
-            report.append(("census", *census))  # bytes kept beyond the model, and beyond the shard
+        report.append(("census", *watch.measured))  # bytes kept beyond the model, and beyond the shard
     return report
 
 
