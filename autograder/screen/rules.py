@@ -153,12 +153,12 @@ def shared_memory_reason(attr: str, shown: str) -> str:
 def path_reason(dotted: str) -> str | None:
     """Why the dotted path (``os.kill``, ``labsupport.tap.observers``) is a flag, None if it is not."""
     parts = dotted.split(".")
-    if parts[0] in FLAGGED_MODULES:
-        return FLAGGED_MODULES[parts[0]]
-    for i in range(len(parts), 0, -1):
+    for i in range(len(parts), 0, -1):  # the most precise first: multiprocessing.shared_memory, then multiprocessing
         reason = FLAGGED_PATHS.get(".".join(parts[:i]))
         if reason:
             return reason
+    if parts[0] in FLAGGED_MODULES:
+        return FLAGGED_MODULES[parts[0]]
     if parts[0] == "labsupport" and "tap" in parts:
         return FLAGGED_PATHS["labsupport.tap"]
     for part in parts[1:]:
