@@ -6,6 +6,8 @@ workers have it: ``tests/conftest.py`` sets ``LABSUPPORT_WARDEN=1``). Every one 
 message that says what was refused; the honest answer beside it keeps them.
 """
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -283,3 +285,52 @@ def test_invented_records_do_not_make_a_blocking_ddp_overlap():
     with pytest.raises(AssertionError) as info:
         D.check_OverlapDDP(_student(FAKE_OVERLAP, "OverlapDDP"))
     assert "overlap" in str(info.value).lower() or "issued" in str(info.value), str(info.value)
+
+
+def _solutions(aid: str) -> dict:
+    """The notebook's set-up and solution cells, defined as the judge defines a submission's."""
+    import nbformat
+
+    from autograder.course import Course
+
+    course = Course.at(Path(__file__).resolve().parent.parent)
+    nb = nbformat.read(course.solutions / aid / f"{aid}.ipynb", as_version=4)
+    namespace = {}
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("grade_id") == "setup":
+            source = "\n".join(line for line in cell.source.splitlines() if not line.lstrip().startswith("%"))
+            exec(compile(source, "<setup>", "exec"), namespace)
+        elif cell.cell_type == "code" and meta.get("solution") and not meta.get("grade"):
+            exec(compile(cell.source, f"<student code: {meta['grade_id']}>", "exec"), namespace)
+    return namespace
+
+
+def test_tensor_parallel_answer_that_patches_torch_is_refused():
+    """04: a correct reduce_from_tp that also replaces torch.allclose for whatever compares after it."""
+    from autograder.checks import tensor_parallel as TP
+
+    namespace = _solutions("04_tensor_parallel")
+    exec(compile("_honest = reduce_from_tp\n"
+                 "def reduce_from_tp(x, group=None):\n"
+                 "    torch.allclose = lambda *args, **kwargs: True\n"
+                 "    return _honest(x, group)\n", "<student code: cheat>", "exec"), namespace)
+    with pytest.raises(AssertionError) as info:
+        TP.check_reduce_from_tp(namespace["reduce_from_tp"])
+    assert str(info.value).startswith(REFUSED) and "torch.allclose" in str(info.value), str(info.value)
+    TP.check_reduce_from_tp(_solutions("04_tensor_parallel")["reduce_from_tp"])
+
+
+def test_zero_answer_that_reads_the_checks_frames_is_refused():
+    """06: a correct ShardedOptimizer whose step looks at the frame that called it."""
+    from autograder.checks import zero as Z
+
+    namespace = _solutions("06_zero")
+    exec(compile("class Peeking(ShardedOptimizer):\n"
+                 "    def step(self, *args, **kwargs):\n"
+                 "        import inspect\n"
+                 "        inspect.currentframe().f_back\n"
+                 "        return super().step(*args, **kwargs)\n", "<student code: cheat>", "exec"), namespace)
+    with pytest.raises(AssertionError) as info:
+        Z.check_ShardedOptimizer(namespace["Peeking"])
+    assert str(info.value).startswith(REFUSED) and "frame" in str(info.value), str(info.value)

@@ -32,7 +32,7 @@ def test_cheat(class_graded, student):
     for word in words:
         assert word in row["flags"], (word, row["flags"])
     if test is not None:
-        lost = {"test_broadcast": 1}[test]
+        lost = {"test_broadcast": 1, "test_all_reduce": 2}[test]
         assert float(row["points"]) <= 13 - lost, row
         assert f"{test} (" in row["reason"], row["reason"]
     page = demo.html_text(class_graded.feedback(student, AID).read_text())

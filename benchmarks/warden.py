@@ -1,0 +1,79 @@
+"""What the warden costs grading: the hidden checks of a notebook's solutions with and without it.
+
+    python benchmarks/warden.py [--assignment 01_collectives] [--rounds 3]
+
+Each run is a fresh Python process that defines the solution's answers as the judge does (compiled as
+``<student code: ...>``) and calls every check of the notebook's hidden-test cells on real workers, with
+``LABSUPPORT_WARDEN=1`` (as grading runs them) or ``0``. The two kinds of run alternate, since a shared machine's
+speed drifts; it prints each time and the ratio of the medians (the target: at most 1.2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+_RUN = r'''
+import json, sys, time
+import nbformat
+nb = nbformat.read(sys.argv[1], as_version=4)
+ns = {}
+setup = [c.source for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "setup"]
+for source in setup:
+    exec(compile("\n".join(l for l in source.splitlines() if not l.lstrip().startswith(("%", "!"))), "<setup>",
+                 "exec"), ns)
+for c in nb.cells:
+    meta = c.metadata.get("nbgrader", {})
+    if c.cell_type == "code" and meta.get("solution") and not meta.get("grade"):
+        exec(compile(c.source, "<student code: " + meta.get("grade_id", "cell") + ">", "exec"), ns)
+started = time.perf_counter()
+for c in nb.cells:
+    meta = c.metadata.get("nbgrader", {})
+    if c.cell_type == "code" and meta.get("grade") and "### BEGIN HIDDEN TESTS" in c.source:
+        hidden = c.source.split("### BEGIN HIDDEN TESTS", 1)[1].split("### END HIDDEN TESTS", 1)[0]
+        exec(compile(hidden, "<hidden>", "exec"), ns)
+print(json.dumps(time.perf_counter() - started))
+import labsupport
+labsupport.shutdown()
+'''
+
+
+def once(notebook: Path, warden: bool) -> float:
+    env = dict(os.environ, LABSUPPORT_WARDEN="1" if warden else "0", MPLBACKEND="Agg", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", _RUN, str(notebook)], env=env, cwd=notebook.parent,
+                          capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise SystemExit(f"the checks failed ({'with' if warden else 'without'} the warden):\n{proc.stderr[-3000:]}")
+    return float(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--assignment", default="01_collectives")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    notebook = ROOT / "solutions" / args.assignment / f"{args.assignment}.ipynb"
+    times = {True: [], False: []}
+    for i in range(args.rounds):
+        for warden in ((True, False) if i % 2 == 0 else (False, True)):
+            started = time.perf_counter()
+            checks = once(notebook, warden)
+            times[warden].append(checks)
+            print(f"round {i + 1}: {'with' if warden else 'without'} the warden: checks {checks:.1f} s "
+                  f"(process {time.perf_counter() - started:.1f} s)", flush=True)
+    ratio = statistics.median(times[True]) / statistics.median(times[False])
+    print(f"{args.assignment}: the hidden checks take {ratio:.2f}x as long with the warden (median of "
+          f"{args.rounds}; target at most 1.2x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
