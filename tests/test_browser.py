@@ -4,7 +4,8 @@ Notebook 00 (a temporary copy of its release, with four cells a student might ad
 a ``%%distributed`` cell run, the ranks' ``[rank N]`` lines appear while a cell is still running, a worker's crash
 shows the rank, the exception and the student's own line first, an interrupt stops every rank and says so in one
 line, and the next cell works. Then nbgrader's Validate button: an untouched release fails and names its exercise,
-the solved notebook passes. The server runs from the repository root, so Validate reads its ``nbgrader_config.py``.
+the solved notebook passes, and notebook 04 with one exercise solved gets a checklist (one line per exercise, no
+traceback) instead of a traceback per exercise. The server runs from the repository root, so Validate reads its ``nbgrader_config.py``.
 
 The browser is Debian's ``chromium`` (``.ci/run`` installs it when apt can), used by Playwright through
 ``executable_path``: the test never downloads a browser and skips when there is none. Set ``BROWSER_TEST_SHOTS`` to
@@ -29,6 +30,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 RELEASE = ROOT / "notebooks" / "00_launch" / "00_launch.ipynb"
 SOLUTION = ROOT / "solutions" / "00_launch" / "00_launch.ipynb"
+TP_RELEASE = ROOT / "notebooks" / "04_tensor_parallel" / "04_tensor_parallel.ipynb"
+TP_SOLUTION = ROOT / "solutions" / "04_tensor_parallel" / "04_tensor_parallel.ipynb"
 CHROMIUM = os.environ.get("COURSE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 SHOTS = os.environ.get("BROWSER_TEST_SHOTS")
 
@@ -70,6 +73,20 @@ def _descendants(pid: int) -> list:
         return []
 
 
+def _one_exercise_solved() -> nbformat.NotebookNode:
+    """Notebook 04's release with its first exercise (copy_to_tp) answered as the solution answers it."""
+    def grade_id(cell):
+        return cell.metadata.get("nbgrader", {}).get("grade_id")
+
+    solution = next(c for c in nbformat.read(TP_SOLUTION, as_version=4).cells if grade_id(c) == "copy_to_tp")
+    answer = "\n".join(line for line in solution.source.splitlines()
+                        if "### BEGIN SOLUTION" not in line and "### END SOLUTION" not in line)
+    nb = nbformat.read(TP_RELEASE, as_version=4)
+    cell = next(c for c in nb.cells if grade_id(c) == "copy_to_tp")
+    cell.source = answer
+    return nb
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """A JupyterLab server on a temporary folder holding the notebooks; stopped with everything it started."""
@@ -85,6 +102,8 @@ def lab(tmp_path_factory):
     nbformat.write(nb, root / "00_launch.ipynb")
     shutil.copy(RELEASE, root / "untouched" / "00_launch.ipynb")
     shutil.copy(SOLUTION, root / "solved" / "00_launch.ipynb")
+    (root / "partly").mkdir()
+    nbformat.write(_one_exercise_solved(), root / "partly" / "04_tensor_parallel.ipynb")
 
     port, token = _free_port(), secrets.token_hex(16)
     env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp / "runtime"), IPYTHONDIR=str(tmp / "ipython"))
@@ -252,3 +271,19 @@ def test_validate_reads_the_course_config_from_the_server_folder(monkeypatch):
     config = ValidateAssignmentHandler.load_config(None)   # it uses nothing of the handler but the folder
     assert config.Execute.timeout == CELL_TIMEOUT
     assert config.CourseDirectory.source_directory == "solutions"
+
+
+def test_validate_a_partly_solved_notebook_reads_like_a_checklist(browser, lab):
+    """04 with copy_to_tp solved: one report (on the last exercise's graded cell) with a line per exercise, the
+    five not written yet said to be not started, and none of the library's frames."""
+    text = _validate(browser, lab, "partly/04_tensor_parallel.ipynb")
+    assert "Success" not in text, text
+    assert text.count("The following cell failed") == 1, text
+    lines = [line.strip() for line in text.splitlines()]
+    assert "1 of 6 exercises pass their visible tests" in text, text
+    assert "copy_to_tp            passes" in lines, text
+    for name in ("reduce_from_tp", "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "ParallelAttention"):
+        assert f"{name:<20}  not started (it still raises NotImplementedError)" in lines, (name, text)
+    for ours in ("Traceback", "visible.py", "labsupport/", "File "):
+        assert ours not in text, (ours, text)
+    assert len(text.splitlines()) < 25, text
