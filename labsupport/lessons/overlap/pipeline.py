@@ -69,6 +69,20 @@ def zero_bubble_run(schedule, t_f: float = 0.0, t_b: float = 0.0, t_w: float = 0
     stage = model[rank * per:(rank + 1) * per] if rank < p - 1 else model[rank * per:]
     params = list(stage.parameters())
     xs, ys = demo_batch(m, rows, width)
+    probe = torch.randn(rows, width, requires_grad=True)    # warm-up: the first autograd.grad given grad_outputs
+    out = stage(probe)                                      # in a fresh process takes seconds (it imports)
+    torch.autograd.grad(out, [probe], torch.ones_like(out), retain_graph=True)
+    torch.autograd.grad(out, params, torch.ones_like(out))
+    warm = []                                               # and the first message each way between neighbours
+    for peer in (rank - 1, rank + 1):
+        if 0 <= peer < p:
+            warm += [dist.isend(torch.zeros(rows, width), peer), dist.irecv(torch.empty(rows, width), peer)]
+    for w in warm:
+        w.wait()
+    from torch.profiler import record_function
+
+    with record_function("warm-up"):                       # its first use costs a tenth of a second
+        pass
     tl = Timeline()
     kept, grads_out, sends = {}, {}, []
     prof = None
@@ -77,38 +91,36 @@ def zero_bubble_run(schedule, t_f: float = 0.0, t_b: float = 0.0, t_w: float = 0
 
         prof = _profile(activities=[ProfilerActivity.CPU])
     with (prof if prof is not None else nullcontext()):
-        from torch.profiler import record_function
-
         dist.barrier()                 # after the profiler started: starting it takes the ranks unequal times
         tl = Timeline()
         for op, mb in ops:
+            # a message this operation needs is received before its span starts: waiting is idle time, not work
+            if op == "F" and rank > 0:
+                x = torch.empty(rows, width)
+                dist.recv(x, rank - 1)
+                x.requires_grad_()
+            if op == "B" and rank < p - 1:
+                gy = torch.empty(rows, width)
+                dist.recv(gy, rank + 1)
             start = time.perf_counter()
             with tl.span(f"{op} {mb}"), record_function(f"{op}{mb}"):
                 if op == "F":
                     if rank == 0:
                         x = xs[mb]
-                    else:
-                        x = torch.empty(rows, width)
-                        dist.recv(x, rank - 1)
-                        x.requires_grad_()
                     y = stage(x)
                     if rank == p - 1:
                         y = _mse(y, ys[mb]) / m
-                    else:
-                        sends.append(dist.isend(y.detach(), rank + 1))
                     kept[mb] = (x, y)
-                    _pad(start, t_f)
+                    _pad(start, t_f)          # the padded computation ends before its result leaves
+                    if rank < p - 1:
+                        sends.append(dist.isend(y.detach(), rank + 1))
                 elif op == "B":               # the gradient of the input only: what the stage before waits for
                     x, y = kept[mb]
-                    gy = None
-                    if rank < p - 1:
-                        gy = torch.empty_like(y)
-                        dist.recv(gy, rank + 1)
-                    grads_out[mb] = gy
-                    if rank > 0:
-                        (gx,) = torch.autograd.grad(y, [x], gy, retain_graph=True)
-                        sends.append(dist.isend(gx, rank - 1))
+                    grads_out[mb] = gy if rank < p - 1 else None
+                    gx = torch.autograd.grad(y, [x], grads_out[mb], retain_graph=True)[0] if rank > 0 else None
                     _pad(start, t_b)
+                    if rank > 0:
+                        sends.append(dist.isend(gx, rank - 1))
                 else:                          # "W": the weights' gradients, when the stage has time
                     x, y = kept.pop(mb)
                     gw = torch.autograd.grad(y, params, grads_out.pop(mb))
