@@ -154,7 +154,10 @@ def install(record_path: str, trusted_dirs: tuple = (), task_code=None) -> None:
             for value in list(namespace.values()):
                 if issubclass(type(value), type) and own and attributes(value, "__module__") == name:
                     classes[value] = callables(attributes(value, "__dict__"))
-            snaps[name] = (module, callables(namespace), classes)
+            taken = callables(namespace)
+            if not own:  # torch rebinds some of its classes itself (set_default_dtype: torch.Storage)
+                taken = {k: v for k, v in taken.items() if not issubclass(type(v), type)}
+            snaps[name] = (module, taken, classes)
         import torch
 
         for cls in (torch.Tensor, torch.nn.Module, torch.nn.Parameter, torch.autograd.Function):
