@@ -1,6 +1,6 @@
 """The references of notebook 10_overlap: the ZB-H1 schedule, an event simulator that knows the weight-gradient
-pass ``W``, the in-flight count up to ``W``, and the three distributed oracles (all-gather then one matmul, one
-matmul then reduce-scatter, dense causal attention). They live here, not in ``labsupport`` (students receive that
+pass ``W``, the in-flight count up to ``W``, the zig-zag layout and dense causal attention (the oracle of
+``zigzag_ring_attention``; the other two oracles are one line each, in their probes). They live here, not in ``labsupport`` (students receive that
 package).
 """
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import random
 
-from ..pipeline_parallel.reference import reference_1f1b
 
 
 def reference_zero_bubble(p: int, m: int) -> list:
@@ -117,23 +116,6 @@ def random_valid_schedule_w(p: int, m: int, rng: random.Random) -> list:
         order[s].append((op, mb))
         {"F": nf, "B": nb, "W": nw}[op][s] += 1
     return order
-
-
-def one_f_one_b(p: int, m: int) -> list:
-    return reference_1f1b(p, m)
-
-
-# ---- the distributed oracles, in one process -------------------------------------------------------------------
-
-def allgather_matmul_oracle(shards, weight):
-    import torch
-
-    return torch.cat(shards) @ weight.T
-
-
-def matmul_reduce_scatter_oracle(xs, weights, rank: int):
-    full = sum(x @ w.T for x, w in zip(xs, weights))
-    return full.chunk(len(xs))[rank]
 
 
 def zigzag_positions(world: int, rank: int, chunk: int) -> list:

@@ -50,7 +50,8 @@ def check_simulate_schedule(simulate_schedule) -> None:
         got = _call(simulate_schedule, what, [list(ops) for ops in schedule], tf, tb, tw)
         ref = reference_simulate_w(schedule, tf, tb, tw)
         if not isinstance(got, dict) or not {"busy", "makespan", "bubble_fraction"} <= set(got):
-            raise AssertionError(f"{what}: return a dict with 'busy', 'makespan' and 'bubble_fraction', got {short(got)}")
+            raise AssertionError(f"{what}: return a dict with 'busy', 'makespan' and 'bubble_fraction', "
+                                 f"got {short(got)}")
         for s, (mine, theirs) in enumerate(zip(got["busy"], ref["busy"])):
             if len(mine) != len(theirs):
                 raise AssertionError(f"{what}: stage {s} has {len(mine)} spans, expected one per operation "

@@ -13,7 +13,7 @@ import random
 
 import torch
 
-from .._common import draw_seed, expect_tensor, run_on_workers, short, tolerance
+from .._common import draw_seed, expect_tensor, run_on_workers, tolerance
 from .probes import OrderLog, rows_of
 from .reference import dense_causal, zigzag_positions
 
@@ -90,9 +90,10 @@ def _overlap_problem(log: OrderLog, what: str, products: list, steps: int, needs
             post, product = posts[k - 1], products[k - 1 + first]
             call = "dist.send" if kind == "send" else "dist.recv"
             if post["blocking"]:
+                post_it = "isend" if kind == "send" else "irecv"
                 return (f"rank {rank} used the blocking {call} for ring step {k}: it returns only when the transfer "
-                        f"is over, so nothing overlaps it. Post the transfer with dist.{'isend' if kind == 'send' else 'irecv'}, "
-                        "compute, then wait() on the request.")
+                        f"is over, so nothing overlaps it. Post the transfer with dist.{post_it}, compute, then "
+                        "wait() on the request.")
             if post["pos"] > product["pos"]:
                 return (f"rank {rank} ran matrix product number {k - 1 + first + 1} before posting the {kind} of ring "
                         f"step {k}: post the next transfer first, then multiply the chunk already here, so that the "

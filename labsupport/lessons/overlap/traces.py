@@ -62,9 +62,10 @@ def merge_traces(per_rank, path=None) -> dict:
     return trace
 
 
-def trace_spans(trace: dict, rank: int, compute=("backward",), comm_prefix: str = "gloo:") -> list:
+def trace_spans(trace: dict, rank: int, compute=("backward",), comm_prefix: str = "gloo:all_reduce") -> list:
     """Rank ``rank``'s spans of a merged trace as ``Timeline`` events: the spans named in ``compute`` as
-    ``"compute"``, gloo's work as ``"comm"``; seconds."""
+    ``"compute"``, gloo's spans whose name starts with ``comm_prefix`` (its all-reduces, the calls
+    ``Timeline.collectives`` records by default) as ``"comm"``; seconds."""
     out = []
     for e in trace["traceEvents"]:
         if e.get("ph") != "X" or e.get("pid") != rank:
@@ -75,8 +76,10 @@ def trace_spans(trace: dict, rank: int, compute=("backward",), comm_prefix: str 
     return out
 
 
-def hidden_share_from_trace(trace: dict, rank: int, compute=("backward",), comm_prefix: str = "gloo:") -> float:
-    """The share of rank ``rank``'s communication time (gloo's spans) during which a ``compute`` span ran."""
+def hidden_share_from_trace(trace: dict, rank: int, compute=("backward",),
+                            comm_prefix: str = "gloo:all_reduce") -> float:
+    """The share of rank ``rank``'s communication time (gloo's all-reduce spans) during which a ``compute`` span
+    ran."""
     return Timeline.hidden_fraction(trace_spans(trace, rank, compute, comm_prefix))
 
 
