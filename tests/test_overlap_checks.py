@@ -6,7 +6,8 @@ in ``matmul_reduce_scatter`` all partial products first, a blocking send, the wr
 reduce-scatter; in ``zero_bubble_schedule`` 1F1B with B split but W right after it (no gain), W before B, too many
 warm-up forwards, a schedule that cannot run; in ``simulate_schedule`` W taking t_bwd, W waiting for the next
 stage; in ``zigzag_ring_attention`` the contiguous split's mask, all blocks computed and masked, the masked blocks
-skipped on one kind of step only (unequal work), the built-in all-gather. Correct alternatives: other ways of
+skipped on one kind of step only (unequal work), the transfer posted after the step's products, the built-in
+all-gather. Correct alternatives: other ways of
 writing each (double buffering, W @ x.T, batch_isend_irecv, einsum, the diagonal blocks skipped block by block).
 """
 
@@ -432,7 +433,7 @@ def _zigzag(q, k, v, mode="ok"):
     mine = [rank, 2 * world - 1 - rank]
     for step in range(world):
         src = (rank - step) % world
-        if step < world - 1:
+        if step < world - 1 and mode != "late":
             buf = torch.empty_like(kv)
             reqs = [dist.isend(kv, (rank + 1) % world), dist.irecv(buf, (rank - 1) % world)]
         theirs = [src, 2 * world - 1 - src]
@@ -466,6 +467,9 @@ def _zigzag(q, k, v, mode="ok"):
                         sc = sc.masked_fill(torch.ones(c, c, dtype=torch.bool).triu(1), -math.inf)
                     part = _fold(tuple(t[:, :, qs] for t in state), sc, kv[1][:, :, ki * c:(ki + 1) * c])
                     state = tuple(_put(s, qs, p) for s, p in zip(state, part))
+        if step < world - 1 and mode == "late":                        # the transfer after the products
+            buf = torch.empty_like(kv)
+            reqs = [dist.isend(kv, (rank + 1) % world), dist.irecv(buf, (rank - 1) % world)]
         if step < world - 1:
             for r in reqs:
                 r.wait()
@@ -525,6 +529,10 @@ def zz_halves(q, k, v, group=None):
     return (acc / l).transpose(1, 2)
 
 
+def zz_late(q, k, v, group=None):
+    return _zigzag(q, k, v, "late")
+
+
 def zz_contiguous(q, k, v, group=None):
     return _zigzag(q, k, v, "contiguous")
 
@@ -552,6 +560,7 @@ def test_zigzag_accepts_correct():
 
 @pytest.mark.parametrize("fn, words", [
     (zz_contiguous, ["contiguous split"]),
+    (zz_late, ["no block product underneath"]),
     (zz_dense, ["skip the blocks that are entirely masked"]),
     (zz_lopsided, ["the same work"]),
     (zz_builtin, ["torch.distributed.all_gather"]),

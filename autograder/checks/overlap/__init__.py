@@ -10,8 +10,9 @@ How they judge *how* an answer was computed, below the student's Python:
   wrote it) in one sequence: there must be N products of one chunk each, and the transfer of each ring step must
   be posted with isend/irecv *before* the product it overlaps and waited for *after* that product began.
 * ``zigzag_ring_attention``: the output against dense causal attention (float64 oracle), k and v passed on N − 1
-  times to ring neighbours only, and the block products each rank computed (its matrix-product flops in units of
-  one chunk of queries against one chunk of keys): the same on every rank and no more than 2N + 2.
+  times to ring neighbours only, every transfer with a block product running while it is in flight (posted with
+  isend/irecv before it, waited for after it), and the block products each rank computed (its matrix-product flops
+  in units of one chunk of queries against one chunk of keys): the same on every rank and no more than 2N + 2.
 * ``zero_bubble_schedule``: every F, B, W once per stage in micro-batch order, F < B < W per micro-batch, a schedule
   that can run, a makespan no longer than ZB-H1's with t_F = t_B = t_W (below 1F1B's), and at most 1F1B's peak of
   micro-batches in flight (F to W) on any stage.

@@ -120,8 +120,7 @@ def random_valid_schedule_w(p: int, m: int, rng: random.Random) -> list:
 
 def zigzag_positions(world: int, rank: int, chunk: int) -> list:
     """Sequence positions rank ``rank`` holds: chunk ``rank`` then chunk ``2·world − 1 − rank``."""
-    a, b = rank, 2 * world - 1 - rank
-    return list(range(a * chunk, (a + 1) * chunk)) + list(range(b * chunk, (b + 1) * chunk))
+    return [pos for which in (rank, 2 * world - 1 - rank) for pos in range(which * chunk, which * chunk + chunk)]
 
 
 def dense_causal(q, k, v):

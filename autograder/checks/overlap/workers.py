@@ -9,6 +9,7 @@ so a wrong answer never turns into a deadlock of the check itself.
 
 from __future__ import annotations
 
+import math
 import random
 
 import torch
@@ -287,6 +288,20 @@ def _zz_case(zigzag_ring_attention, seed: int, dtype, batch: int, chunk: int, he
         elif cc.bytes_sent != (world - 1) * kv_bytes:
             problem = (f"{label}: rank {rank} sent {cc.bytes_sent} bytes; the ring passes this rank's k and v on "
                        f"{world - 1} time(s): {(world - 1) * kv_bytes} bytes.")
+    if problem is None:
+        for kind in ("send", "recv"):
+            for k, post in enumerate([p for p in log.posts if p["what"] == kind], start=1):
+                end = math.inf if post["waited"] is None else post["waited"]
+                under = [p for p in log.products if post["pos"] < p["pos"] < end]
+                if post["blocking"] or not under:
+                    why = ("a blocking call" if post["blocking"] else
+                           "posted after the products of its step, or waited for before them")
+                    problem = (f"{label}: rank {rank}'s {kind} of k/v for ring step {k} ran with no block product "
+                               f"underneath it ({why}): post the next step's transfer with isend/irecv, compute "
+                               "with the k/v already here, then wait.")
+                    break
+            if problem:
+                break
     count = block_products(log, batch, heads, chunk, head_dim)
     counts = share(count)
     if problem is None:
