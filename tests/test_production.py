@@ -80,3 +80,10 @@ def test_train_run_resumes_to_the_same_losses(tmp_path):
     assert sorted(rest) == [3, 4, 5, 6]  # resumed from the checkpoint after step 3 (3 steps done)
     for step, loss in rest.items():
         assert loss == full[step], (step, loss, full[step])
+
+
+def test_tensor_bytes_counts_each_storage_once():
+    a = torch.zeros(10)
+    state = {"w": a, "view": a[2:5], "nested": [torch.zeros(3, dtype=torch.float64), {"step": torch.tensor(1.0)}]}
+    assert lesson.tensor_bytes(state) == 40 + 24 + 4
+    assert lesson.tensor_bytes({}) == 0

@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 
 __all__ = ["RestartNet", "train_run", "write_restart_script", "torchrun", "read_log", "plot_restart",
-           "PeakMemory", "dir_bytes", "plot_sampling"]
+           "PeakMemory", "tensor_bytes", "dir_bytes", "plot_sampling", "seconds_lost"]
 
 # ---------------------------------------------------------------------------------------------------------------
 # the training run that is killed and resumed
@@ -271,6 +271,25 @@ def _kb(key: str):
     except OSError:
         pass
     return None
+
+
+def tensor_bytes(obj) -> int:
+    """Bytes of the tensors in ``obj`` (nested dicts, lists and tuples; a DTensor counts its local shard), each
+    storage once."""
+    seen, total, stack = set(), 0, [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif isinstance(item, torch.Tensor):
+            local = item.to_local() if hasattr(item, "to_local") else item
+            storage = local.untyped_storage()
+            if storage.data_ptr() not in seen or not storage.nbytes():
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+    return total
 
 
 def dir_bytes(directory: str) -> dict:
