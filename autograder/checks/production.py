@@ -431,7 +431,8 @@ def _scaler_probe(Scaler, seed: int, steps: int):
         calls = list(cc.calls)
         reduces = [c for c in calls if c.kind == "all_reduce"]
         if not isinstance(stepped, bool):
-            failure = f"{setup}: step() returned {short(stepped)} at step {step}: return True if it stepped, else False."
+            failure = (f"{setup}: step() returned {short(stepped)} at step {step}: return True if it stepped, else "
+                       "False.")
         elif stepped != oracle_stepped:
             if stepped:
                 own = bad.get(step, {}).get(rank)
@@ -647,10 +648,12 @@ def _load_probe(load, numel, dtype_name, tag, directory, saved_world, check_memo
     if not isinstance(got, torch.Tensor):
         failure = f"{what}: rank {rank} got {short(got)}: return this rank's shard as a 1-D tensor."
     elif got.dtype != dtype:
-        failure = f"{what}: rank {rank} got dtype {got.dtype}, the checkpoint holds {dtype}: keep the dtype in the metadata."
+        failure = (f"{what}: rank {rank} got dtype {got.dtype}, the checkpoint holds {dtype}: keep the dtype in the "
+                   "metadata.")
     elif got.dim() != 1 or got.numel() != expected.numel():
         failure = (f"{what}: rank {rank} got shape {tuple(got.shape)}, expected ({expected.numel()},): with M = "
-                   f"{world} ranks each holds c = ceil({numel}/{world}) = {expected.numel()} elements, padding included.")
+                   f"{world} ranks each holds c = ceil({numel}/{world}) = {expected.numel()} elements, padding "
+                   "included.")
     elif not torch.equal(got, expected):
         bad = (got != expected).nonzero()
         i = int(bad[0]) if len(bad) else 0

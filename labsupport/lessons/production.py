@@ -45,8 +45,6 @@ class RestartNet(nn.Module):
 
 
 def _dataset(n=256, d_in=16, classes=4):
-    import torch
-
     gen = torch.Generator().manual_seed(1234)
     x = torch.randn(n, d_in, generator=gen)
     y = (x[:, :classes].argmax(dim=1) + (x[:, -1] > 1.5).long()) % classes
@@ -56,15 +54,14 @@ def _dataset(n=256, d_in=16, classes=4):
 def train_run(workdir: str, steps: int = 12, every: int = 3, batch: int = 8, kill_at: int | None = None,
               kill_rank: int = 1):
     """Train ``RestartNet`` data-parallel for ``steps`` steps on the ranks of the current process group, with a DCP
-    checkpoint of model, optimizer, data position and every rank's random state every ``every``
-    steps (``workdir/latest`` names the current one); resume from it when there is one. On the first attempt (``TORCHELASTIC_RESTART_COUNT`` 0 or unset) rank
-    ``kill_rank`` kills itself with SIGKILL just before step ``kill_at``. Rank 0 appends one JSON line per step to
-    ``workdir/log.jsonl``. Returns the losses of the steps this attempt ran, {step: loss}."""
-    import torch
+    checkpoint of model, optimizer, data position and every rank's random state every ``every`` steps
+    (``workdir/latest`` names the current one); resume from it when there is one. On the first attempt
+    (``TORCHELASTIC_RESTART_COUNT`` 0 or unset) rank ``kill_rank`` kills itself with SIGKILL just before step
+    ``kill_at``. Rank 0 appends one JSON line per step to ``workdir/log.jsonl``. Returns the losses of the steps this attempt ran, {step: loss}."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     import torch.nn.functional as F
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from torch.utils.data import DistributedSampler
 
     torch.set_num_threads(1)  # the same arithmetic in every process, so curves can agree to the last bit
@@ -214,7 +211,8 @@ def plot_restart(reference: dict, records: list[dict], kill_at: int, every: int,
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.legend(fontsize=8)
-    ax.set_title(f"SIGKILL before step {kill_at}, checkpoint every {every} steps: {seconds_lost(records, kill_at):.1f} s lost")
+    lost = seconds_lost(records, kill_at)
+    ax.set_title(f"SIGKILL before step {kill_at}, checkpoint every {every} steps: {lost:.1f} s lost")
     return ax.figure
 
 
@@ -307,7 +305,8 @@ def dir_bytes(directory: str) -> dict:
 
 
 def plot_sampling(rows: dict, num_samples: int, ax=None):
-    """One row per label (e.g. "epoch 0", "epoch 1, no set_epoch"): which rank reads each sample. ``rows`` = {label: [indices of rank 0, indices of rank 1, ...]}."""
+    """One row per label (e.g. "epoch 0", "epoch 1, no set_epoch"): which rank reads each sample.
+    ``rows`` = {label: [indices of rank 0, indices of rank 1, ...]}."""
     import matplotlib.pyplot as plt
     import numpy as np
 
