@@ -412,6 +412,19 @@ class ScalerPerParam(ScalerOk):
         return True
 
 
+class ScalerWorldGroup(ScalerOk):
+    """Agrees over every rank instead of the scaler's group."""
+
+    def step(self, optimizer):
+        flag = torch.tensor([1.0 if self._local_found(optimizer) else 0.0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        self._found_inf = bool(flag.item())
+        if self._found_inf:
+            return False
+        optimizer.step()
+        return True
+
+
 class ScalerUpdateTalks(ScalerOk):
     def update(self):
         dist.barrier(group=self.group)
@@ -432,6 +445,7 @@ def test_scaler_correct_passes():
     (ScalerNoUnscale, "unscale"),
     (ScalerPerParam, "one flag"),
     (ScalerUpdateTalks, "update() needs no communication"),
+    (ScalerWorldGroup, "group=self.group"),
 ])
 def test_scaler_bugs_fail(impl, expected):
     with pytest.raises(AssertionError) as info:

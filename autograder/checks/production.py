@@ -354,13 +354,20 @@ def _scaler_plan(seed: int, world: int, steps: int):
     return cfg, bad
 
 
-def _scaler_probe(Scaler, seed: int, steps: int):
+def _scaler_probe(Scaler, seed: int, steps: int, pairs: bool = False):
     import torch.distributed as dist
 
     from labsupport import CommCounter
     from labsupport.comm import recorded_calls
 
     rank, world = dist.get_rank(), dist.get_world_size()
+    group, members, in_group = None, None, ""
+    if pairs:  # two groups of 2, each its own model, scaler and overflows: a rank must agree within its group only
+        groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+        group, members = groups[rank // 2], (2 * (rank // 2), 2 * (rank // 2) + 1)
+        seed += 1000 * (rank // 2)
+        in_group = f" as two groups of 2 (global ranks {list(members)}: group ranks 0 and 1, group=their group)"
+        rank, world = rank % 2, 2
     cfg, bad = _scaler_plan(seed, world, steps)
     gen = torch.Generator().manual_seed(seed)
     sizes = [random.Random(seed + i).randint(1, 5) for i in range(3)]
@@ -383,8 +390,9 @@ def _scaler_probe(Scaler, seed: int, steps: int):
         watch["seen"].append(sum(kind == "all_reduce" for kind, *_ in calls))
 
     opt.register_step_pre_hook(note)
-    setup = (f"DynamicLossScaler(**{cfg}) on {world} ranks, each rank stepping its own shards (seed {seed})")
-    scaler = call_student(f"DynamicLossScaler(**{cfg}, group=None)", Scaler, group=None, **cfg)
+    setup = (f"DynamicLossScaler(**{cfg}) on {world} ranks{in_group}, each rank stepping its own shards "
+             f"(seed {seed})")
+    scaler = call_student(f"DynamicLossScaler(**{cfg}, group=...)", Scaler, group=group, **cfg)
 
     def loss_of(ws, cs):
         return sum((w * c).sum() + 0.01 * (w * w).sum() for w, c in zip(ws, cs))
@@ -433,6 +441,9 @@ def _scaler_probe(Scaler, seed: int, steps: int):
         if not isinstance(stepped, bool):
             failure = (f"{setup}: step() returned {short(stepped)} at step {step}: return True if it stepped, else "
                        "False.")
+        elif members is not None and reduces and tuple(reduces[0].group) != members:
+            failure = (f"{setup}: step() on rank {rank} all-reduced over ranks {list(reduces[0].group)}: agree within "
+                       "the scaler's group only (pass group=self.group to dist.all_reduce).")
         elif stepped != oracle_stepped:
             if stepped:
                 own = bad.get(step, {}).get(rank)
@@ -501,11 +512,12 @@ def _scale_hint(bad, step, cfg):
 
 
 def check_DynamicLossScaler(DynamicLossScaler):
-    """14 steps on 2, 3 and 5 ranks, inf and NaN on drawn ranks at drawn steps: step() results, weights and scales
-    equal GradScaler's on the dense model; one all-reduce of a flag in step(), made before the optimizer steps."""
+    """14 steps on 3 and 5 ranks and on 4 ranks as two groups of 2, inf and NaN on drawn ranks at drawn steps:
+    step() results, weights and scales equal GradScaler's on the dense model; one all-reduce of a flag over the
+    scaler's group in step(), made before the optimizer steps."""
     seed = draw_seed()
-    for world in (2, 3, 5):
-        run_on_workers(_scaler_probe, DynamicLossScaler, seed + world, 14, world_size=world,
+    for world, pairs in ((3, False), (4, True), (5, False)):
+        run_on_workers(_scaler_probe, DynamicLossScaler, seed + world, 14, pairs, world_size=world,
                        what=f"DynamicLossScaler (seed {seed})")
 
 
