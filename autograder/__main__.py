@@ -163,6 +163,13 @@ def main(argv=None) -> int:
     except CourseError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as exc:
+        if exc.name not in _LAB_MODULES:
+            raise
+        print(f"error: `python -m autograder {args.command}` needs {exc.name}, which comes with the course's lab "
+              "extras: ./course setup, or pip install -e '.[lab]' in the course's folder. The light install (for "
+              "Colab) has what the notebooks need, not the grading tools.", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted" + (" (SIGTERM)" if _TERMINATED else ""), file=sys.stderr)
         return 143 if _TERMINATED else 130
@@ -170,6 +177,10 @@ def main(argv=None) -> int:
 
 
 _TERMINATED = False
+
+#: What the grading tools need beyond the light install (``pip install .``): the ``lab`` extras of pyproject.toml.
+_LAB_MODULES = {"nbformat", "nbgrader", "nbclient", "nbconvert", "jupyter_client", "ipykernel", "traitlets",
+                "jupyter_core", "jupyterlab"}
 
 
 def _stop_on_sigterm() -> None:

@@ -35,7 +35,7 @@ TP_SOLUTION = ROOT / "solutions" / "04_tensor_parallel" / "04_tensor_parallel.ip
 CHROMIUM = os.environ.get("COURSE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 SHOTS = os.environ.get("BROWSER_TEST_SHOTS")
 
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[lab,test]')")
 expect = sync_api.expect
 
 pytestmark = pytest.mark.timeout(300)

@@ -106,6 +106,25 @@ print(len(names), "modules")
     assert int(proc.stdout.split()[-2]) > 20, proc.stdout
 
 
+def test_the_grading_tools_without_the_lab_say_what_to_install(tmp_path):
+    """In a light install ``python -m autograder`` cannot run nbgrader: it says which extras bring it."""
+    code = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("nbformat", "nbgrader", "nbclient"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Block())
+from autograder.__main__ import main
+sys.exit(main(sys.argv[1:]))
+"""
+    proc = subprocess.run([sys.executable, "-c", code, "release", "--out", str(tmp_path / "out")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "comes with the course's lab extras" in proc.stderr and "./course setup" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+
+
 def _packages():
     """Every package of the project: a folder under labsupport/ or autograder/ with an __init__.py."""
     return sorted(p.parent.relative_to(ROOT).as_posix() for top in ("labsupport", "autograder")
