@@ -318,6 +318,10 @@ def plot_sampling(rows: dict, num_samples: int, ax=None):
             for pos, idx in enumerate(indices):
                 grid[i, idx] = rank
     ax.imshow(grid, aspect="auto", cmap="tab10", vmin=0, vmax=10, interpolation="nearest")
+    ranks = max(len(per_rank) for per_rank in rows.values())
+    cmap = plt.get_cmap("tab10")
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=cmap(r / 10 + 0.05)) for r in range(ranks)],
+              labels=[f"rank {r}" for r in range(ranks)], loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
     ax.set_yticks(range(len(rows)), list(rows))
     ax.set_xlabel("sample index (colour: the rank that reads it; white: read by no rank)")
     return ax.figure
