@@ -568,26 +568,6 @@ def _proc_io() -> dict:
         return {}
 
 
-def _status_kb(key: str):
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
-def _reset_peak() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
 def _values(numel: int, dtype, tag: int):
     """The whole parameter of checkpoint ``tag``: element i holds i + tag (exact in float32 up to 2^24)."""
     return torch.arange(numel, dtype=torch.float64).add_(tag).to(dtype)
@@ -640,6 +620,8 @@ def _save_probe(save, numel, dtype_name, tag, directory, die_rank=None):
 def _load_probe(load, numel, dtype_name, tag, directory, saved_world, check_memory, what_before):
     import torch.distributed as dist
 
+    from labsupport.lessons.production import PeakMemory
+
     rank, world = dist.get_rank(), dist.get_world_size()
     dtype = getattr(torch, dtype_name)
     expected = _padded_shard(_values(numel, dtype, tag), rank, world)
@@ -651,10 +633,8 @@ def _load_probe(load, numel, dtype_name, tag, directory, saved_world, check_memo
     first = call_student(what, load, directory)
     del first
     io0 = _proc_io()
-    reset = _reset_peak() if check_memory and world >= 4 else False
-    rss0 = _status_kb("VmRSS")
-    got = call_student(what, load, directory)
-    peak = _status_kb("VmHWM")
+    with PeakMemory() as peak:  # the kernel's peak resident memory, reset on entry
+        got = call_student(what, load, directory)
     io1 = _proc_io()
     failure = None
     if not isinstance(got, torch.Tensor):
@@ -685,8 +665,8 @@ def _load_probe(load, numel, dtype_name, tag, directory, saved_world, check_memo
             failure = (f"{what}: rank {rank} read {read} bytes from files (the kernel's count), its shard is "
                        f"{needed} bytes and the parameter {full_bytes}: seek to the byte ranges this rank needs and "
                        "read only those (f.seek(offset); f.read(nbytes), or np.fromfile(f, dtype, count, offset)).")
-    if failure is None and reset and rss0 is not None and peak is not None:
-        grown = (peak - rss0) * 1024
+    grown = peak.grown
+    if failure is None and check_memory and world >= 4 and grown == grown:  # nan: no peak to reset on this system
         if grown > 2.5 * needed + (2 << 20) and grown > 0.6 * full_bytes:
             failure = (f"{what}: rank {rank}'s memory grew by {grown / 2**20:.1f} MiB during the load (the peak the "
                        f"kernel saw), its shard is {needed / 2**20:.1f} MiB and the whole parameter "
