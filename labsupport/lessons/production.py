@@ -5,8 +5,8 @@ Example::
 
     from labsupport.lessons import production as lesson
     script = lesson.write_restart_script(workdir)              # a small training script, for torchrun
-    proc = lesson.torchrun(script, "--steps", "12", "--kill-at", "7", nproc=2, max_restarts=2)
-    records = lesson.read_log(workdir)                         # (attempt, step, loss, time) of every step
+    proc = lesson.torchrun(script, rundir, "--steps", "12", "--kill-at", "7", nproc=2, max_restarts=2)
+    records = lesson.read_log(rundir)                          # (attempt, step, loss, time) of every step
     lesson.plot_restart(reference_losses, records, kill_at=7, every=3)
 
 Nothing here computes an exercise's answer: the training run reads its samples through PyTorch's own
