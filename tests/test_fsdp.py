@@ -98,30 +98,7 @@ def test_figures_draw(draw):
 
 
 def test_demos_skip_at_once_while_an_exercise_fails():
-    """Each demo that runs the student's code on workers first asks ``labsupport.require_visible`` for every exercise
-    it uses (named in the cell, or behind a class the notebook builds on one), before starting any worker, and says
-    "finish the exercises first" when it skips."""
-    import re
-    from pathlib import Path
+    """07's demos wait for the exercises they run (``fixtures/gating.py``)."""
+    from gating import assert_demos_gated
 
-    import nbformat
-
-    nb = nbformat.read(Path(__file__).resolve().parent.parent / "solutions/07_fsdp/07_fsdp.ipynb", as_version=4)
-    exercises = [c.metadata["nbgrader"]["grade_id"] for c in nb.cells
-                 if c.metadata.get("nbgrader", {}).get("solution") and c.cell_type == "code"]
-    built_on = {}                                   # a class defined outside the exercises -> the exercises it calls
-    for c in nb.cells:
-        if c.cell_type == "code" and not c.metadata.get("nbgrader", {}).get("solution"):
-            for name in re.findall(r"^class (\w+)", c.source, flags=re.M):
-                built_on[name] = {e for e in exercises if re.search(rf"\b{e}\b", c.source)}
-    demos = [c.source for c in nb.cells if c.cell_type == "code" and "except NOT_READY" in c.source
-             and "labsupport.run(" in c.source]
-    assert len(demos) == 3
-    for source in demos:
-        body = source.split("\ntry:\n", 1)[1]
-        gated = re.findall(r'^    labsupport\.require_visible\("(\w+)"\)', body, flags=re.M)
-        assert gated and body.index("require_visible") < body.index("labsupport.run("), source[:200]
-        assert 'print("finish the exercises first:"' in body, source[:200]
-        uses = {e for e in exercises if re.search(rf"\b{e}\b", source)}
-        uses |= {e for name, calls in built_on.items() if re.search(rf"\b{name}\b", source) for e in calls}
-        assert uses and uses <= set(gated), (uses, gated, source[:200])
+    assert_demos_gated("07_fsdp", 3)

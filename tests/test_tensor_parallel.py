@@ -106,19 +106,8 @@ def test_plot_memory_and_volume():
 
 
 def test_demos_skip_at_once_while_an_exercise_fails():
-    """Each demo that runs the student's layers on workers first asks ``require_visible``: with a deadlocking
-    copy_to_tp, the demos skip at once instead of each waiting out its 60 to 90 s limit."""
-    import re
-    from pathlib import Path
+    """04's demos wait for the layers they run: with a deadlocking copy_to_tp they skip at once instead of each
+    waiting out its 60 to 90 s limit (``fixtures/gating.py``)."""
+    from gating import assert_demos_gated
 
-    import nbformat
-
-    nb = nbformat.read(Path(__file__).resolve().parent.parent / "solutions/04_tensor_parallel/04_tensor_parallel.ipynb",
-                       as_version=4)
-    demos = [c.source for c in nb.cells if c.cell_type == "code" and "except NOT_READY" in c.source
-             and "labsupport.run(" in c.source]
-    assert len(demos) == 3
-    for source in demos:
-        body = source.split("\ntry:\n", 1)[1]
-        gated = re.findall(r'^    labsupport\.require_visible\("(\w+)"\)', body, flags=re.M)
-        assert gated and body.index("require_visible") < body.index("labsupport.run("), source[:200]
+    assert_demos_gated("04_tensor_parallel", 3)

@@ -1,6 +1,5 @@
 """labsupport.lessons.zero: the paper's numbers, the byte counting, the traffic accounting and the plots."""
 
-import re
 from pathlib import Path
 
 import matplotlib
@@ -148,14 +147,7 @@ def test_the_visible_test_of_ShardedOptimizer_passes_on_the_solution():
 
 
 def test_demos_skip_at_once_while_an_exercise_fails():
-    """Each demo that runs the student's optimizers on workers first asks ``require_visible`` for them."""
-    demos = [c.source for c in _cells() if c.cell_type == "code" and "except NOT_READY" in c.source
-             and "labsupport.run(" in c.source]
-    assert len(demos) == 2
-    for source in demos:
-        body = source.split("\ntry:\n", 1)[1]
-        gated = re.findall(r'^    labsupport\.require_visible\("(\w+)"\)', body, flags=re.M)
-        assert gated and body.index("require_visible") < body.index("labsupport.run("), source[:200]
-        assert 'print("finish the exercises first:"' in body, source[:200]
-        uses = {name for name in ("ShardedOptimizer", "Zero2Optimizer") if re.search(rf"\b{name}\b", source)}
-        assert uses <= set(gated), (uses, gated)
+    """06's demos wait for the optimizers they run (``fixtures/gating.py``)."""
+    from gating import assert_demos_gated
+
+    assert_demos_gated("06_zero", 2)
