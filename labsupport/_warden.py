@@ -112,7 +112,6 @@ def install(record_path: str, trusted_dirs: tuple = (), task_code=None) -> None:
     log = []        # (thread, kind, peer, group, nbytes, level, nested) of every call the tap reported
     windows = {}    # id(counter) -> [counter, summary, calls list, log index, bytes sent, thread]
 
-    import builtins
     import types
 
     modules = sys.modules

@@ -225,8 +225,6 @@ def test_data_moved_without_the_messages_it_needs_loses_the_points():
 
 
 def test_the_wrappers_hand_out_no_original():
-    import labsupport  # noqa: F401  (installs nothing by itself: the tap is installed below)
-
     tap.install()
     from torch._C._distributed_c10d import ProcessGroup
 

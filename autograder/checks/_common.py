@@ -156,6 +156,25 @@ def share(report) -> list:
     return [_each_tensor(r, _from_raw) for r in reports]
 
 
+def agree(failure) -> bool:
+    """Called by every rank: whether any rank found a problem (so that all stop at the same point)."""
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([0 if failure is None else 1])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def stop_if_any(failure) -> bool:
+    """Called by every rank: all ranks stop together when any found a problem; only those that found it raise."""
+    if agree(failure):
+        if failure is not None:
+            raise AssertionError(failure)
+        return True
+    return False
+
+
 def call_student(what: str, fn, *args, **kwargs):
     """``fn(*args, **kwargs)`` for a student's function: ``NotImplementedError`` and ``AssertionError`` pass through,
     any other exception becomes an ``AssertionError`` naming ``what`` (so nbgrader takes the points, with a reason)."""

@@ -34,6 +34,7 @@ import tempfile
 import torch
 
 from ._common import call_student, draw_seed, run_on_workers, share, short
+from ._common import stop_if_any as _stop_if_any
 
 __all__ = ["check_shard_indices", "check_clip_grad_norm_", "check_DynamicLossScaler", "check_save_sharded",
            "reference_shard_indices"]
@@ -309,23 +310,6 @@ def _clip_probe(clip, seed: int, trials: int):
             if _stop_if_any(failure):
                 return None
     return None
-
-
-def _agree(failure) -> bool:
-    import torch.distributed as dist
-
-    flag = torch.tensor([0 if failure is None else 1])
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
-
-
-def _stop_if_any(failure):
-    """All ranks stop together; only the ranks that found a problem raise."""
-    if _agree(failure):
-        if failure is not None:
-            raise AssertionError(failure)
-        return True
-    return False
 
 
 def check_clip_grad_norm_(clip_grad_norm_):

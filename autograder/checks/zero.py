@@ -37,6 +37,7 @@ import torch
 import torch.nn as nn
 
 from ._common import PROBE_TIMEOUT, call_student, draw_seed, run_on_workers, short, tolerance
+from ._common import stop_if_any as _stop_if_any
 from ._memory import MemoryWatch, fmt_bytes
 
 __all__ = ["check_model_state_bytes", "check_ShardedOptimizer", "check_Zero2Optimizer", "ZeroProbeNet",
@@ -172,23 +173,6 @@ def _configs(seed: int):
              "betas": (rng.choice([0.8, 0.9]), rng.choice([0.99, 0.999])), "eps": 1e-3}
     sgd = {"lr": rng.choice([0.05, 0.1]), "momentum": rng.choice([0.8, 0.9])}
     return [("SGD", sgd), ("AdamW", adamw)]
-
-
-def _agree(failure) -> bool:
-    import torch.distributed as dist
-
-    flag = torch.tensor([0 if failure is None else 1])
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
-
-
-def _stop_if_any(failure):
-    """All ranks stop together; only the ranks that found a problem raise."""
-    if _agree(failure):
-        if failure is not None:
-            raise AssertionError(failure)
-        return True
-    return False
 
 
 def _state_elements(opts) -> int:
