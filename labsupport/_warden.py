@@ -106,7 +106,8 @@ def install(record_path: str, trusted_dirs: tuple = (), task_code=None) -> None:
     tap_code = _tap._intercept.__code__
     enter_code, exit_code = _comm.CommCounter.__enter__.__code__, _comm.CommCounter.__exit__.__code__
     read_code = _comm.recorded_calls.__code__
-    originals = frozenset(id(fn) for fn in _tap._originals())
+    kept = tuple(_tap._originals())  # held here too, so that no id below can be reused by another object
+    originals = frozenset(id(fn) for fn in kept)
     fd = os.open(record_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     local = threading.local()
     log = []        # (thread, kind, peer, group, nbytes, level, nested) of every call the tap reported
@@ -236,6 +237,8 @@ def install(record_path: str, trusted_dirs: tuple = (), task_code=None) -> None:
         return attributes(summary, "__dict__").get("calls")
 
     def open_window(counter):
+        if not windows:  # nothing reads the record before this point any more
+            del log[:]
         summary = attributes(counter, "__dict__").get("summary")
         windows[id(counter)] = [counter, summary, calls_of(summary), len(log), sent_bytes(), get_ident()]
 
