@@ -169,11 +169,12 @@ def _intercept(level: str, name: str, fn, args, kwargs, target=None):
         for obs in watching:
             obs.enter(call)
             entered.append(obs)
-        try:
-            call._described()
-        except Exception:  # arguments the tap cannot describe: the call itself will say what is wrong with them
-            pass
-        sys.audit("labsupport.tap", "enter", level, fn, call)  # a grading worker's warden records every call
+        if level in COMM_LEVELS:  # where every call ends: what a grading worker's warden records (``_warden``)
+            try:
+                call._described()
+            except Exception:  # arguments the tap cannot describe: the call itself will say what is wrong with them
+                pass
+            sys.audit("labsupport.tap", "enter", level, fn, call)
     except BaseException:  # an observer stopped the call before it went out
         stack.pop()
         _notify_exit(entered, call)
