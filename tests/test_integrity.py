@@ -332,3 +332,30 @@ def test_zero_answer_that_reads_the_checks_frames_is_refused():
     with pytest.raises(AssertionError) as info:
         Z.check_ShardedOptimizer(namespace["Peeking"])
     assert str(info.value).startswith(REFUSED) and "frame" in str(info.value), str(info.value)
+
+
+STORE_RING = '''
+calls = []
+
+def ring_all_gather(chunk):
+    import os
+    calls.append(1)
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+    rank, n = dist.get_rank(), dist.get_world_size()
+    store.set(f"g{len(calls)}-{rank}", chunk.contiguous().numpy().tobytes())
+    out = []
+    for r in range(n):
+        data = store.get(f"g{len(calls)}-{r}")
+        out.append(torch.frombuffer(bytearray(data), dtype=chunk.dtype).reshape(chunk.shape).clone())
+    del store
+    return out
+'''
+
+
+def test_a_ring_that_moves_its_data_through_a_store_of_its_own_loses_the_points():
+    """02: the ring checks require what each rank must receive in send/recv, as 01's do."""
+    from autograder.checks import ring_allreduce as R
+
+    with pytest.raises(AssertionError) as info:
+        R.check_ring_all_gather(_student(STORE_RING, "ring_all_gather"))
+    assert "needs at least" in str(info.value) and "point-to-point" in str(info.value), str(info.value)

@@ -114,3 +114,14 @@ def _check_bytes(summary, what: str, world_size: int, bound: int, formula: str, 
             f"({desc}), but a ring needs at most {formula} = {bound} bytes. Each step should carry one chunk "
             "(about 1/world_size of the tensor), not the whole tensor."
         )
+
+
+def _check_needed(summary, what: str, need: int, why: str, desc: str) -> None:
+    """A right answer with fewer bytes received in send/recv than any algorithm needs moved its data some other way
+    (the rendezvous store, a collective the recording did not see): the exercise is the messages."""
+    if summary.bytes_received < need:
+        raise AssertionError(
+            f"{what}: rank {summary.rank} received {summary.bytes_received} bytes in send/recv calls ({desc}), but "
+            f"it needs at least {need}: {why}. The answer is right, so the data travelled some other way; the "
+            "exercise is to move it with point-to-point messages."
+        )

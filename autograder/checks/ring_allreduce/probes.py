@@ -7,7 +7,7 @@ import itertools
 import math
 
 from .._common import expect_tensor, short
-from .diagnose import _check_bytes, _close, _describe, _guarded_counter, _why_wrong_sum
+from .diagnose import _check_needed, _check_bytes, _close, _describe, _guarded_counter, _why_wrong_sum
 from .trials import _make
 
 
@@ -61,6 +61,8 @@ def _probe_reduce_scatter(fn, seed, cases):
         bound = (n - 1) * math.ceil(numel / n) * itemsize
         _check_bytes(cc.summary, "ring_reduce_scatter", n, bound, "(world_size - 1) * ceil(numel / world_size) * itemsize",
                      desc)
+        _check_needed(cc.summary, "ring_reduce_scatter", (n - 1) * (numel // n) * itemsize,
+                      "its chunk is summed from every rank's, and a ring brings it the others' chunk once per step", desc)
     return True
 
 
@@ -102,6 +104,7 @@ def _probe_all_gather(fn, seed, cases):
             expect_tensor(item, chunks[j], f"ring_all_gather on rank {r}, item {j} ({desc})")
         bound = (n - 1) * chunks[0].numel() * chunks[0].element_size()
         _check_bytes(cc.summary, "ring_all_gather", n, bound, "(world_size - 1) * chunk.numel() * itemsize", desc)
+        _check_needed(cc.summary, "ring_all_gather", bound, "every other rank's chunk has to reach it", desc)
     return True
 
 
@@ -145,4 +148,6 @@ def _probe_all_reduce(fn, seed, cases):
         bound = 2 * (n - 1) * math.ceil(numel / n) * inputs[0].element_size()
         _check_bytes(cc.summary, "ring_all_reduce", n, bound,
                      "2 * (world_size - 1) * ceil(numel / world_size) * itemsize", desc)
+        _check_needed(cc.summary, "ring_all_reduce", 2 * (n - 1) * (numel // n) * inputs[0].element_size(),
+                      "a ring brings it the others' partial sums and then the finished chunks, one per step", desc)
     return True
