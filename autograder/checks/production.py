@@ -565,6 +565,20 @@ def _padded_shard(full, rank: int, world: int):
     return out
 
 
+def _load_after_save(load_resharded, *args, world_size: int, what: str) -> None:
+    """``_load_probe`` on workers right after a save returned on every rank: a missing file then means rank 0 made
+    the checkpoint current before every rank had written (whether the loader sees it depends on timing)."""
+    try:
+        run_on_workers(_load_probe, load_resharded, *args, world_size=world_size, what=what,
+                       timeout=PROBE_TIMEOUT_PRODUCTION)
+    except AssertionError as exc:
+        if "FileNotFoundError" not in str(exc) and "No such file" not in str(exc):
+            raise
+        raise AssertionError(f"{exc} A file of the checkpoint is missing after save_sharded returned on every rank: "
+                             "rank 0 made the new checkpoint the current one before every rank had written its file. "
+                             "Wait for every rank (dist.barrier()) before the rename.") from None
+
+
 def _save_probe(save, numel, dtype_name, tag, directory, die_rank=None):
     import time
 
@@ -688,8 +702,7 @@ def check_save_sharded(save_sharded, load_resharded):
         if not os.path.exists(directory):
             raise AssertionError(f"{what}: after save_sharded(shard, numel, directory) on {first} ranks, nothing is "
                                  "at directory: save the checkpoint there (a directory of files).")
-        run_on_workers(_load_probe, load_resharded, numel, dtype, 1, directory, first, True, "", world_size=loads[0],
-                       what=what, timeout=PROBE_TIMEOUT_PRODUCTION)
+        _load_after_save(load_resharded, numel, dtype, 1, directory, first, True, "", world_size=loads[0], what=what)
         # a save of checkpoint B during which one rank is killed: A must still load, with A's values
         die = first - 1
         try:
@@ -713,8 +726,7 @@ def check_save_sharded(save_sharded, load_resharded):
         # a complete save of B on another world size, over A: B loads
         run_on_workers(_save_probe, save_sharded, numel, dtype, 2, directory, world_size=second, what=what,
                        timeout=PROBE_TIMEOUT_PRODUCTION)
-        run_on_workers(_load_probe, load_resharded, numel, dtype, 2, directory, second, True,
-                       f", saved over an older checkpoint of {first} ranks", world_size=first, what=what,
-                       timeout=PROBE_TIMEOUT_PRODUCTION)
+        _load_after_save(load_resharded, numel, dtype, 2, directory, second, True,
+                         f", saved over an older checkpoint of {first} ranks", world_size=first, what=what)
     finally:
         shutil.rmtree(base, ignore_errors=True)
