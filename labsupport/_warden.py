@@ -373,30 +373,24 @@ def install(record_path: str, trusted_dirs: tuple = (), task_code=None) -> None:
             refuse(what, "the grader watches a student's function from the same process, and this would reach "
                          "past it.")
 
+    ours = {"labsupport.tap": on_tap, "labsupport.window": on_window}  # each reads the frame two levels up
+
     def hook(event, args):
         if getattr(local, "busy", False):
             return
-        if event == "labsupport.tap":
-            local.busy = True
-            try:
-                on_tap(args)
-            finally:
-                local.busy = False
-            return
-        if event == "labsupport.window":
-            local.busy = True
-            try:
-                on_window(args)
-            finally:
-                local.busy = False
-            return
-        base = event if event in watched else ("os.exec" if event.startswith("os.exec") else
-                                                "os.spawn" if event.startswith("os.spawn") else None)
-        if base is None:
-            return
+        handler = ours.get(event)
+        base = None
+        if handler is None:
+            base = event if event in watched else ("os.exec" if event.startswith("os.exec") else
+                                                    "os.spawn" if event.startswith("os.spawn") else None)
+            if base is None:
+                return
         local.busy = True
         try:
-            check(base, args, getframe(1))
+            if handler is not None:
+                handler(args)
+            else:
+                check(base, args, getframe(1))
         finally:
             local.busy = False
 
