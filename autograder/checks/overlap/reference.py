@@ -94,28 +94,10 @@ def reference_in_flight_w(schedule) -> list:
 
 
 def random_valid_schedule_w(p: int, m: int, rng: random.Random) -> list:
-    """A runnable schedule with W, in an order nobody writes: a list scheduler with random durations that picks
-    among a stage's ready F, B and W at random."""
-    dur = {(s, op): rng.uniform(0.2, 2.0) for s in range(p) for op in "FBW"}
-    done, free = {}, [0.0] * p
-    nf, nb, nw = [0] * p, [0] * p, [0] * p
-    order = [[] for _ in range(p)]
-    while any(nw[s] < m for s in range(p)):
-        choices = []
-        for s in range(p):
-            if nf[s] < m and (s == 0 or (s - 1, "F", nf[s]) in done):
-                ready = 0.0 if s == 0 else done[(s - 1, "F", nf[s])]
-                choices.append((max(free[s], ready), rng.random(), s, "F", nf[s]))
-            if nb[s] < nf[s] and (s == p - 1 or (s + 1, "B", nb[s]) in done):
-                ready = done[(s, "F", nb[s])] if s == p - 1 else done[(s + 1, "B", nb[s])]
-                choices.append((max(free[s], ready), rng.random(), s, "B", nb[s]))
-            if nw[s] < nb[s]:
-                choices.append((max(free[s], done[(s, "B", nw[s])]), rng.random(), s, "W", nw[s]))
-        start, _, s, op, mb = min(choices)
-        done[(s, op, mb)] = free[s] = start + dur[(s, op)]
-        order[s].append((op, mb))
-        {"F": nf, "B": nb, "W": nw}[op][s] += 1
-    return order
+    """A runnable schedule with W, in an order nobody writes (05's random list scheduler, with W)."""
+    from ..pipeline_parallel.reference import random_valid_schedule
+
+    return random_valid_schedule(p, m, rng, with_w=True)
 
 
 def zigzag_positions(world: int, rank: int, chunk: int) -> list:

@@ -94,14 +94,18 @@ def reference_in_flight(schedule) -> list:
     return out
 
 
-def random_valid_schedule(p: int, m: int, rng: random.Random) -> list:
+def random_valid_schedule(p: int, m: int, rng: random.Random, with_w: bool = False) -> list:
     """A schedule that can run, in an order no textbook uses: a list scheduler with random durations and random
-    tie-breaking between a stage's ready forward and ready backward records the order each stage ran its work."""
-    dur = {(s, op): rng.uniform(0.2, 2.0) for s in range(p) for op in "FB"}
+    tie-breaking between a stage's ready work records the order each stage ran it. ``with_w``: the backward is split
+    into B (input gradient) and W (weight gradient, ready once that micro-batch's B is done), as in notebook 10."""
+    kinds = "FBW" if with_w else "FB"
+    dur = {(s, op): rng.uniform(0.2, 2.0) for s in range(p) for op in kinds}
     done, free = {}, [0.0] * p
-    nf, nb = [0] * p, [0] * p  # next forward / backward micro-batch per stage (each kind in micro-batch order)
+    nxt = {op: [0] * p for op in kinds}  # next micro-batch of each kind per stage (each kind in micro-batch order)
+    nf, nb = nxt["F"], nxt["B"]
+    last = nxt[kinds[-1]]
     order = [[] for _ in range(p)]
-    while any(nb[s] < m for s in range(p)):
+    while any(last[s] < m for s in range(p)):
         choices = []
         for s in range(p):
             if nf[s] < m and (s == 0 or (s - 1, "F", nf[s]) in done):
@@ -110,11 +114,10 @@ def random_valid_schedule(p: int, m: int, rng: random.Random) -> list:
             if nb[s] < nf[s] and (s == p - 1 or (s + 1, "B", nb[s]) in done):
                 ready = done[(s, "F", nb[s])] if s == p - 1 else done[(s + 1, "B", nb[s])]
                 choices.append((max(free[s], ready), rng.random(), s, "B", nb[s]))
+            if with_w and nxt["W"][s] < nb[s]:
+                choices.append((max(free[s], done[(s, "B", nxt["W"][s])]), rng.random(), s, "W", nxt["W"][s]))
         start, _, s, op, mb = min(choices)
         done[(s, op, mb)] = free[s] = start + dur[(s, op)]
         order[s].append((op, mb))
-        if op == "F":
-            nf[s] += 1
-        else:
-            nb[s] += 1
+        nxt[op][s] += 1
     return order
