@@ -89,3 +89,11 @@ def test_machine_benchmark_prints_each_workload():
                       out, flags=re.M)
     assert [name for name, _ in rows] == ["interpreter", "objects", "import torch"], out
     assert all(float(ratio) > 0 for _, ratio in rows), out
+
+
+def test_overlap_trace_benchmark_prints_each_rank():
+    out = _run_script("overlap_trace.py", "--steps", "1")
+    rows = re.findall(r"^\s+0\s+(\d)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", out, flags=re.M)
+    assert [rank for rank, *_ in rows] == ["0", "1"], out
+    assert all(0 <= float(a) <= 1 and 0 <= float(b) <= 1 for _, a, b, _ in rows), out
+    assert re.search(r"largest difference: [\d.]+", out), out
