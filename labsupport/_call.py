@@ -181,7 +181,7 @@ class _Call:
         for w in running:
             try:
                 open(w.stack_file, "w").close()
-                os.kill(w.process.pid, signal.SIGUSR1)
+                os.kill(_sandbox_of(w) or w.process.pid, signal.SIGUSR1)
             except (OSError, TypeError, ValueError):
                 pass
         texts = {w.index: "" for w in running}
@@ -231,6 +231,16 @@ class _Call:
         self._kill(workers)
         self.stopped = True
         raise WorkerTimeout(message, ranks, stacks, self.timeout) from None
+
+
+def _sandbox_of(w) -> int | None:
+    """The process running the student's function for a grading check on worker ``w`` (``labsupport._sandbox``),
+    if one is running it now: its stack, not the worker's, shows where the student's code is blocked."""
+    try:
+        with open(w.stack_file + ".sandbox") as fh:
+            return int(fh.read().strip() or 0) or None
+    except (OSError, ValueError):
+        return None
 
 
 def _boards(running, wait: float = 1.0) -> dict[int, str]:

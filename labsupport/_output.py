@@ -34,7 +34,12 @@ class RankOutput:
 
     @staticmethod
     def _target(stream: str):
-        return sys.stdout if stream == "stdout" else sys.stderr
+        """The workers' stderr goes to stderr, except while grading (``LABSUPPORT_GRADING=1``): nbgrader gives no
+        points to a test cell that wrote to stderr, and a student's own ``print(..., file=sys.stderr)``, a printed
+        traceback or a warning must not cost any."""
+        if stream == "stdout" or os.environ.get("LABSUPPORT_GRADING", "") not in ("", "0"):
+            return sys.stdout
+        return sys.stderr
 
     def emit(self, rank: int, stream: str, text: str) -> None:
         key = (rank, stream)  # a stdout fragment must never be glued to a line of stderr

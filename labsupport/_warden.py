@@ -16,7 +16,9 @@ Python lists the hooks, so what this module keeps in the hook's closure is out o
   is a ``PermissionError`` naming what was refused, and a line in the rank's refusal file, which the grader reads
   from outside the worker (``take_refusals`` in ``_pool``): the check then fails and the submission is flagged.
   Frames that the import machinery runs, and a few standard modules that read a frame for their own bookkeeping
-  (``collections``, ``typing``, ``enum``, ``dataclasses``, ``logging``, ``warnings``), are not the student's doing.
+  (``collections``, ``typing``, ``enum``, ``dataclasses``, ``logging``, ``warnings``), are not the student's doing,
+  nor is a traceback the student prints or formats (``traceback.print_exc``, ``format_exc``, ``extract_tb``...:
+  text, never a frame; ``walk_stack`` and ``walk_tb``, which hand out frames, are refused).
 * **The true record of communication.** The tap's wrappers report every call (outermost and nested) to the hook
   just before the original runs, and the hook accepts a report only from the tap's own code and only for an
   original it knew at installation. A ``CommCounter`` opens and closes a *window* with the hook: when it closes,
@@ -94,6 +96,10 @@ def install(record_path: str, trusted_dirs: tuple = (), task_code=None) -> None:
         "collections/__init__.py", "typing.py", "enum.py", "dataclasses.py", "logging/__init__.py", "warnings.py",
         "functools.py", "abc.py", "linecache.py"))
     tmp = os.path.join(os.path.realpath(__import__("tempfile").gettempdir()), "")
+    traceback_file = os.path.join(os.path.dirname(os.__file__), "traceback.py")
+    printing = frozenset({"print_exc", "format_exc", "print_exception", "format_exception", "format_exception_only",
+                          "print_tb", "format_tb", "extract_tb", "print_last", "print_stack", "format_stack",
+                          "extract_stack"})  # text and summaries; walk_stack and walk_tb give frames: refused
 
     # what the hook calls is taken now, before any student code could rebind a module's attribute
     getframe, write, exit_, getpid, listdir, readlink, realpath, getcwd, fsdecode = (
@@ -184,14 +190,20 @@ def install(record_path: str, trusted_dirs: tuple = (), task_code=None) -> None:
                                "grader calls.")
 
     def frame_owner(frame):
-        """'student', 'ours' or None: whose doing an event raised with ``frame`` innermost is."""
+        """'student', 'ours' or None: whose doing an event raised with ``frame`` innermost is. A traceback printed
+        or formatted by the student (``traceback.print_exc()`` in an ``except``) is the traceback module's doing:
+        those functions give text, never a frame."""
+        called = None  # the outermost frame seen so far: the one the next (calling) frame called
         while frame is not None:
             name = frame.f_code.co_filename
             if name.startswith(STUDENT_FILE):
+                if called is not None and called.f_code.co_filename == traceback_file and \
+                        called.f_code.co_name in printing:
+                    return "ours"
                 return "student"
             if name.startswith(trusted) or name.startswith("<frozen importlib") or name in benign:
                 return "ours"
-            frame = frame.f_back
+            called, frame = frame, frame.f_back
         return None
 
     def refuse(what: str, why: str):
@@ -375,8 +387,10 @@ def install(record_path: str, trusted_dirs: tuple = (), task_code=None) -> None:
 
     ours = {"labsupport.tap": on_tap, "labsupport.window": on_window}  # each reads the frame two levels up
 
+    forked = []  # set in a child forked by our own code (a grading sandbox): the student's process, not watched
+
     def hook(event, args):
-        if getattr(local, "busy", False):
+        if forked or getattr(local, "busy", False):
             return
         handler = ours.get(event)
         base = None
@@ -395,6 +409,7 @@ def install(record_path: str, trusted_dirs: tuple = (), task_code=None) -> None:
             local.busy = False
 
     snapshot()
+    os.register_at_fork(after_in_child=lambda: forked.append(True))  # only our code may fork (refused otherwise)
     sys.addaudithook(hook)
     _installed.append(True)
 

@@ -38,6 +38,16 @@ def run_on_workers(probe, *args, world_size: int, what: str, timeout: float | No
     return result
 
 
+def in_sandbox(fn, what: str, allow=None):
+    """``fn`` as the workers will call it: in a sandbox of each rank, behind a host that carries its messages
+    (``labsupport._sandbox``). ``allow`` names the ``torch.distributed`` calls the exercise may make (the others are
+    refused with a message that names the rule); what the check reads (results, arguments, the ``CommCounter``'s
+    record) is measured in the host, where the student's code never runs."""
+    from labsupport._sandbox import sandboxed
+
+    return sandboxed(fn, what, allow)
+
+
 #: What a check's message starts with when a warden refused something: the grader flags such a submission.
 REFUSED = "grading refused"
 
@@ -79,7 +89,7 @@ def _failed(exc, world_size: int, what: str, timeout: float):
             f"(a rank waited for a message that never came). {where}. {advice}"
         ) from None
     else:
-        if exc.exc_type == "AssertionError":
+        if exc.exc_type in ("AssertionError", "SandboxRefused"):
             raise AssertionError(f"{exc.exc_message} (world_size={world_size}, seen on rank {exc.rank})") from None
         if exc.exc_type == "NotImplementedError":
             raise AssertionError(f"{what} is not implemented yet (it raised NotImplementedError).") from None

@@ -21,7 +21,7 @@ its message.
 
 from __future__ import annotations
 
-from .._common import draw_seed, run_on_workers
+from .._common import draw_seed, in_sandbox, run_on_workers
 from .probes import _probe
 from .trials import _draw_trials
 
@@ -54,6 +54,7 @@ def _check(name: str, fn, timeout, world_sizes=WORLD_SIZES) -> None:
     if not callable(fn):
         raise AssertionError(f"{name} should be a function, got {type(fn).__name__}.")
     seed = draw_seed()
+    fn = in_sandbox(fn, SIGNATURES[name], allow={"send", "recv"})
     for world_size in world_sizes:
         run_on_workers(
             _probe, name, fn, _draw_trials(seed, world_size), world_size=world_size, what=SIGNATURES[name],

@@ -8,6 +8,7 @@ diagnosis (``diagnose``): the first rank found wrong raises the message, the oth
 from __future__ import annotations
 
 import labsupport
+from labsupport._sandbox import Unplain
 
 from .._common import only_point_to_point, share, short
 from .diagnose import (
@@ -28,7 +29,8 @@ class Opaque:
     """Stands for a returned value that is neither a tensor, a list/tuple nor None (it is shown, never compared)."""
 
     def __init__(self, obj):
-        self.text = f"{type(obj).__name__} {short(obj)}"
+        kind = obj.kind if isinstance(obj, Unplain) else type(obj).__name__  # what the sandbox returned
+        self.text = f"{kind} {short(obj)}"
 
     def __repr__(self) -> str:
         return self.text

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import random
 
-from .._common import draw_seed, run_on_workers, short
+from .._common import draw_seed, in_sandbox, run_on_workers, short
 from .probes import _probe_all_gather, _probe_all_reduce, _probe_reduce_scatter
 from .reference import (
     reference_alpha_beta_cost,
@@ -67,6 +67,7 @@ def _run_all(probe, fn, what, world_sizes, timeout):
     if not callable(fn):
         raise AssertionError(f"{what} should be a function, got {type(fn).__name__}.")
     seed = draw_seed()
+    fn = in_sandbox(fn, what, allow={"send", "recv"})
     for n in world_sizes:
         cases = _cases(seed, n)
         try:

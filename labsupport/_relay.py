@@ -1,0 +1,231 @@
+"""The sandbox's side of ``torch.distributed`` in grading: a process group whose every call is a request to the host.
+
+In a sandbox (``labsupport._sandbox``) the default process group is a ``Relay``: ``dist.send``, ``dist.recv``,
+their ``i`` forms, the collectives, the functional collectives and DTensor's redistribution all end in one of its
+methods, which sends the request and its tensors' bytes over the sandbox's only link to its host, and waits for the
+answer. The host performs the call on the real gloo group and records it; the sandbox has no other way to the other
+ranks (no socket, no store). Nothing here decides points: it is the student's side of the boundary.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.futures import Future
+
+#: The backend's name in ``init_process_group``.
+NAME = "labsupport_relay"
+
+
+def raw(t: torch.Tensor) -> tuple:
+    """A tensor as (dtype name, shape, bytes): how tensors cross the link, whatever their class."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    return str(t.dtype).replace("torch.", ""), tuple(t.shape), data
+
+
+def unraw(item) -> torch.Tensor:
+    dtype, shape, data = item
+    dtype = getattr(torch, dtype)
+    if not data:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
+
+
+def _fill(tensor: torch.Tensor, item) -> None:
+    with torch.no_grad():
+        tensor.copy_(unraw(item).to(tensor.device).reshape(tensor.shape))
+
+
+class RelayWork(dist.Work):
+    """What a relayed call returns: ``wait()`` asks the host to wait for the real request, then fills the outputs."""
+
+    def __init__(self, relay, handle, outputs=(), then=None):
+        super().__init__()
+        self._relay, self._handle, self._outputs, self._then = relay, handle, list(outputs), then
+        self._done = handle is None
+
+    def wait(self, timeout=None):
+        if not self._done:
+            self._done = True
+            self.fill(self._relay.request("wait", self._handle))
+        return True
+
+    def fill(self, data) -> None:
+        """The outputs from what the host answered."""
+        for tensor, item in zip(self._outputs, data or ()):
+            _fill(tensor, item)
+        if self._then is not None:
+            self._then(data)
+
+    def is_completed(self):
+        return self._done
+
+    def get_future(self):
+        self.wait()
+        fut = Future()
+        fut.set_result(self._outputs)
+        return fut
+
+
+def _blocking() -> bool:
+    """Whether the ``torch.distributed`` call being made waits for its result (``dist.send``, ``dist.all_reduce``
+    without ``async_op=True``): the host then makes the same blocking call, so that a deadlock report says
+    "blocked in send(dst=1)" as it does on a worker."""
+    from . import tap
+
+    call, outermost = tap.current(), None
+    while call is not None:  # the student's own call: torch's dist.recv itself calls dist.irecv
+        if call.level == "api":
+            outermost = call
+        call = call.outer
+    if outermost is None:
+        return False
+    call = outermost
+    if call.name in ("send", "recv"):
+        return True
+    if call.name in ("isend", "irecv", "batch_isend_irecv"):
+        return False
+    return not call.kwargs.get("async_op", False)
+
+
+def _op_name(op) -> str:
+    for name in ("SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR"):
+        if op == getattr(dist.ReduceOp, name):
+            return name
+    return "SUM"
+
+
+class Relay(dist.ProcessGroup):
+    """A process group of the sandbox; ``link`` sends requests to the host. ``ranks`` are the group's global ranks."""
+
+    def __init__(self, link, rank: int, size: int, ranks: list[int], name: str):
+        super().__init__(rank, size)
+        self._link, self._ranks, self._size, self._name = link, list(ranks), size, name
+
+    # -- plumbing
+    def request(self, kind: str, *args):
+        return self._link(kind, self._name, *args)
+
+    def _async(self, kind, args, outputs=(), then=None):
+        blocking = _blocking()
+        answer = self.request(kind, blocking, *args)
+        if not blocking:
+            return RelayWork(self, answer, outputs, then)
+        work = RelayWork(self, None, outputs, then)
+        work.fill(answer)
+        return work
+
+    def size(self):
+        return self._size
+
+    def getBackendName(self):
+        return NAME
+
+    @property
+    def group_name(self):
+        return self._name
+
+    def __repr__(self):
+        return f"labsupport relay group {self._name} of ranks {self._ranks}"
+
+    # -- point to point (peers are group ranks)
+    def send(self, tensors, dst, tag=0):
+        return self._async("isend", (dst, tag, raw(tensors[0])))
+
+    def recv(self, tensors, src, tag=0):
+        t = tensors[0]
+        return self._async("irecv", (src, tag, str(t.dtype).replace("torch.", ""), tuple(t.shape)), [t])
+
+    def recv_anysource(self, tensors, tag=0):
+        raise RuntimeError("recv without src is not available in grading: name the rank you receive from")
+
+    # -- collectives
+    def allreduce(self, tensors, opts=None):
+        op = _op_name(opts.reduceOp) if opts is not None else "SUM"
+        return self._async("all_reduce", ([raw(t) for t in tensors], op), tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self.allreduce(tensors, opts)
+
+    def broadcast(self, tensors, opts=None):
+        root = opts.rootRank if opts is not None else 0
+        return self._async("broadcast", ([raw(t) for t in tensors], root), tensors)
+
+    def reduce(self, tensors, opts=None):
+        root = opts.rootRank if opts is not None else 0
+        op = _op_name(opts.reduceOp) if opts is not None else "SUM"
+        return self._async("reduce", ([raw(t) for t in tensors], root, op), tensors)
+
+    def allgather(self, output_lists, inputs, opts=None):
+        outs = output_lists[0]
+        return self._async("all_gather", (raw(inputs[0]),), outs)
+
+    def _allgather_base(self, output, input, opts=None):
+        def fill(data):  # every rank's input, in rank order, one after the other
+            _fill(output, (data[0][0], tuple(output.shape), b"".join(d[2] for d in data)))
+
+        return self._async("all_gather", (raw(input),), (), fill)
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        works = [self._allgather_base(o, i) for o, i in zip(outputs, inputs)]
+        for w in works[:-1]:
+            w.wait()
+        return works[-1]
+
+    def gather(self, output_lists, inputs, opts=None):
+        root = opts.rootRank if opts is not None else 0
+        outs = output_lists[0] if output_lists else []
+        return self._async("gather", (raw(inputs[0]), root), outs)
+
+    def scatter(self, outputs, input_lists, opts=None):
+        root = opts.rootRank if opts is not None else 0
+        chunks = [raw(t) for t in input_lists[0]] if input_lists else None
+        return self._async("scatter", (chunks, root, str(outputs[0].dtype).replace("torch.", ""),
+                                       tuple(outputs[0].shape)), outputs)
+
+    def reduce_scatter(self, outputs, input_lists, opts=None):
+        op = _op_name(opts.reduceOp) if opts is not None else "SUM"
+        return self._async("reduce_scatter", ([raw(t) for t in input_lists[0]], op), outputs)
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        op = _op_name(opts.reduceOp) if opts is not None else "SUM"
+        chunks = [raw(t) for t in input.reshape(-1).tensor_split(self._size)]
+        flat = output.reshape(-1)
+        return self._async("reduce_scatter", (chunks, op), (), lambda data: _fill(flat, data[0]))
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        works = [self._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs)]
+        for w in works[:-1]:
+            w.wait()
+        return works[-1]
+
+    def alltoall(self, outputs, inputs, opts=None):
+        return self._async("all_to_all", ([raw(t) for t in inputs],), outputs)
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        n = self._size
+        ins = (input.split(list(input_split_sizes)) if input_split_sizes else input.chunk(n))
+        outs = (output.split(list(output_split_sizes)) if output_split_sizes else output.chunk(n))
+        return self._async("all_to_all", ([raw(t) for t in ins],), list(outs))
+
+    def barrier(self, opts=None):
+        return self._async("barrier", ())
+
+
+def register(link) -> None:
+    """Make ``NAME`` a backend whose groups talk through ``link`` (called once, in the sandbox)."""
+    counter = [0]
+
+    def create(opts, _options=None):
+        ranks = list(opts.global_ranks_in_group) or list(range(opts.group_size))
+        name = str(opts.group_id)
+        if counter[0]:
+            link("new_group", name, ranks)
+        counter[0] += 1
+        return Relay(link, opts.group_rank, opts.group_size, ranks, name)
+
+    dist.Backend.register_backend(NAME, create, extended_api=True, devices=["cpu"])
