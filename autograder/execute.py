@@ -176,6 +176,7 @@ def kernel_env(extra_paths=()) -> dict:
         if key in _LAUNCHER_VARIABLES or key.startswith("TORCHELASTIC_"):
             del env[key]
     env["LABSUPPORT_GRADING"] = "1"
+    env.pop("LABSUPPORT_TEST_GRADER_IN_SANDBOX", None)  # the test suite's own; never in a kernel or a judge
     paths = [str(p) for p in extra_paths] + [str(Path(__file__).resolve().parent.parent)]
     if env.get("PYTHONPATH"):
         paths.append(env["PYTHONPATH"])

@@ -376,8 +376,8 @@ class _Host:
         blocking, args = args[0], args[1:]
         op = _KIND.get(kind, kind)
         if self.returned:
-            self._refuse(f"{self.what} called torch.distributed.{op} after it returned (a result that communicates "
-                         "when it is read): return plain tensors")
+            self._refuse(f"grading refused: {self.what} called torch.distributed.{op} after it returned (a result "
+                         "that communicates when it is read, such as a tensor subclass): return plain tensors")
         if self.allow is not None and op not in self.allow:
             allowed = ("send/recv (or isend/irecv)" if self.allow == {"send", "recv"} else
                        "/".join(sorted(self.allow)) or "no communication")

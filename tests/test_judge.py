@@ -18,8 +18,11 @@ from autograder.stand_ins import _plain  # noqa: E402
 REPO = demo.REPO
 
 
-def test_honest_submission_full_marks_no_flag(class_graded):
-    row = class_graded.grades[("honest", AID)]
+@pytest.mark.parametrize("student", ["honest", "habits"])
+def test_honest_submission_full_marks_no_flag(class_graded, student):
+    """``habits``: prints to stderr, a traceback printed in an ``except``, ``warnings.warn``, ``sys``/``os``/
+    ``inspect``/``itertools``/``typing`` imports, an ``lru_cache`` helper and a class: graded as they run."""
+    row = class_graded.grades[(student, AID)]
     assert (row["points"], row["max_points"], row["status"], row["flags"]) == ("13", "13", "ok", ""), row
 
 
@@ -68,6 +71,8 @@ def _kept(source):
     "    def n(self, v):\n        pass\n",
     "N, DTYPE = 4, torch.float32\nWORLD: int = 4\nSHAPE = torch.Size([2, 3])\n",
     "from functools import lru_cache\n@lru_cache(maxsize=None)\ndef g(n):\n    return n\n",
+    "import sys, os, inspect, traceback, types, itertools, typing, warnings\nfrom typing import Optional\n",
+    "import sys\ndef f(x):\n    print('rank', x, file=sys.stderr)\n    return x\n",
 ])
 def test_judge_runs_honest_definitions(source):
     code, skipped = _kept(source)
@@ -86,8 +91,6 @@ def test_judge_runs_honest_definitions(source):
     ("x = evil()\n", "assignment"),
     ("x = functools.reduce(exec, ['code'])\n", "assignment"),
     ("import autograder.checks.collectives as c\n", "does not import autograder"),
-    ("import types\n", "does not import types"),
-    ("from types import FunctionType, SimpleNamespace\n", "does not import types"),
     ("from torch.distributed import _functional_collectives\n", "private"),
     ("c.check_broadcast = None\n", "assignment"),
     ("get_ipython().run_cell = None\n", "assignment"),
@@ -95,7 +98,6 @@ def test_judge_runs_honest_definitions(source):
     ("X = Evil[1]\n", "assignment"),
 ])
 def test_judge_skips_what_would_run_student_code(source, why):
-    """(A plain container from a blocked module is allowed: ``from types import SimpleNamespace`` runs.)"""
     code, skipped = _kept(source)
     assert any(why in s for s in skipped), (skipped, why)
     for bad in ("@patch", "__import__", "evil()", "exec", "Evil", "sys.modules", "_functional", "run_cell ="):
@@ -106,14 +108,14 @@ def test_judge_skips_what_would_run_student_code(source, why):
 def test_a_skipped_import_is_named_in_the_message_of_the_name_it_would_define():
     from autograder.judge import verdicts_to_points
 
-    code, skipped = _kept("from types import SimpleNamespace\nfrom types import CodeType\n")
-    assert "SimpleNamespace" in code and "CodeType" not in code, code
-    report = {"tests": {"t": {"passed": False, "message": "f raised NameError: name 'CodeType' is not defined"},
+    code, skipped = _kept("from types import SimpleNamespace\nfrom autograder import checks\n")
+    assert "SimpleNamespace" in code and "checks" not in code, code
+    report = {"tests": {"t": {"passed": False, "message": "f raised NameError: name 'checks' is not defined"},
                         "u": {"passed": False, "message": "name 'other' is not defined"}},
               "skipped": [f"cell 3: {s}" for s in skipped]}
     verdicts = verdicts_to_points(report, {"t": 1.0, "u": 1.0})
-    assert verdicts["t"][1].startswith("CodeType is not defined when the grader runs your answers: it skipped "
-                                       "`from types import CodeType` on line 2"), verdicts["t"]
+    assert verdicts["t"][1].startswith("checks is not defined when the grader runs your answers: it skipped "
+                                       "`from autograder import checks` on line 2"), verdicts["t"]
     assert " in cell 3; answer cells are run as definitions only. f raised NameError" in verdicts["t"][1]
     assert verdicts["u"] == (0.0, "name 'other' is not defined")
 

@@ -1,0 +1,241 @@
+"""labsupport._sandbox: a student's function runs in a process of its own per rank, behind a host that carries its
+messages (the boundary grading draws; see README "What grading trusts").
+
+Each test runs real gloo workers whose check code (the host) calls a function wrapped by ``sandboxed``: what the
+host's ``CommCounter`` records is what crossed to the other ranks; what the sandbox may not do (a built-in the
+exercise forbids, a socket, another process, the grader's modules, communication after returning) fails with a
+message that says so; honest habits (prints to stderr, a printed traceback, warnings, a cached helper) run as in a
+notebook.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import time
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import labsupport
+from labsupport._sandbox import Unplain, sandboxed
+from labsupport.comm import CommCounter
+
+pytestmark = pytest.mark.slow
+
+P2P = {"send", "recv"}
+
+
+def ring_all_reduce(tensor):
+    n, r = dist.get_world_size(), dist.get_rank()
+    total = tensor.clone()
+    for k in range(1, n):
+        incoming = torch.empty_like(tensor)
+        request = dist.isend(tensor, (r + k) % n)
+        dist.recv(incoming, (r - k) % n)
+        request.wait()
+        total += incoming
+    tensor.copy_(total)
+
+
+def probe(fn, *extra):
+    """The host's side (a check): inputs, the call inside a counter, and what came back."""
+    x = torch.arange(6, dtype=torch.float32) + dist.get_rank()
+    with CommCounter() as cc:
+        out = fn(x, *extra)
+    return {"x": x, "out": out, "calls": [(c.kind, c.peer, c.nbytes) for c in cc.summary.calls],
+            "pid": os.getpid()}
+
+
+def run(fn, n=3, allow=P2P, timeout=30, **kwargs):
+    return labsupport.run(probe, sandboxed(fn, fn.__name__, allow), world_size=n, timeout=timeout, **kwargs)
+
+
+def test_the_host_carries_and_records_every_message():
+    ranks = run(ring_all_reduce)
+    expected = sum(torch.arange(6, dtype=torch.float32) + r for r in range(3))
+    for r, got in enumerate(ranks):
+        torch.testing.assert_close(got["x"], expected)  # in place: the host's own tensor was changed
+        assert sorted(got["calls"]) == sorted([("send", (r + 1) % 3, 24), ("recv", (r - 1) % 3, 24),
+                                               ("send", (r + 2) % 3, 24), ("recv", (r - 2) % 3, 24)])
+
+
+def uses_all_reduce(tensor):
+    dist.all_reduce(tensor)
+
+
+def uses_functional(tensor):
+    import torch.distributed._functional_collectives as fc
+
+    tensor.copy_(fc.wait_tensor(fc.all_reduce(tensor, "sum", dist.group.WORLD)))
+
+
+@pytest.mark.parametrize("fn", [uses_all_reduce, uses_functional])
+def test_a_builtin_the_exercise_forbids_is_refused_with_the_rule(fn):
+    with pytest.raises(labsupport.WorkerError, match=r"called torch\.distributed\.all_reduce on rank \d: build it "
+                                                     r"from send/recv \(or isend/irecv\) only"):
+        run(fn, n=2)
+
+
+def test_any_call_goes_through_when_the_exercise_allows_it():
+    ranks = run(uses_all_reduce, n=2, allow=None)
+    assert ranks[0]["calls"] == [("all_reduce", None, 24)]
+    torch.testing.assert_close(ranks[1]["x"], torch.arange(6, dtype=torch.float32) * 2 + 1)
+
+
+def returns_a_subclass(tensor):
+    class Later(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            if func is torch.Tensor.detach:
+                dist.all_reduce(args[0].as_subclass(torch.Tensor))
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    return tensor.as_subclass(Later)
+
+
+def test_a_result_that_communicates_when_read_is_refused():
+    with pytest.raises(labsupport.WorkerError, match="grading refused: returns_a_subclass called "
+                                                     r"torch\.distributed\.all_reduce after it returned"):
+        run(returns_a_subclass, n=2, allow=None)
+
+
+def returns_odd_things(tensor):
+    return [tensor.double(), {"k": (1, 2.5)}, (x for x in ()), None]
+
+
+def test_results_come_back_as_plain_data():
+    out = run(returns_odd_things, n=1)[0]["out"]
+    assert type(out[0]) is torch.Tensor and out[0].dtype == torch.float64
+    assert out[1] == {"k": (1, 2.5)} and out[3] is None
+    assert isinstance(out[2], Unplain) and out[2].kind == "generator"
+
+
+def opens_a_socket(tensor):
+    import socket
+
+    socket.socket()
+
+
+def starts_a_process(tensor):
+    import subprocess
+
+    subprocess.run(["true"])
+
+
+def signals_its_host(tensor):
+    os.kill(os.getppid(), 0)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="seccomp is Linux's")
+@pytest.mark.parametrize("fn", [opens_a_socket, starts_a_process, signals_its_host])
+def test_the_sandbox_has_no_way_out_but_its_host(fn):
+    with pytest.raises(labsupport.WorkerError, match="PermissionError"):
+        run(fn, n=1)
+
+
+def imports_the_grader(tensor):
+    import autograder.checks  # noqa: F401
+
+
+def test_the_grader_cannot_be_imported_in_the_sandbox(monkeypatch):
+    monkeypatch.delenv("LABSUPPORT_TEST_GRADER_IN_SANDBOX", raising=False)
+    with pytest.raises(labsupport.WorkerError, match="the grader's modules are not available where your function "
+                                                     "runs"):
+        run(imports_the_grader, n=1)
+
+
+@functools.lru_cache(maxsize=None)
+def cached_peers(n, r):
+    return tuple(p for p in range(n) if p != r)
+
+
+class Total:
+    def __init__(self, t):
+        self.t = t.clone()
+
+
+def with_habits(tensor):
+    import inspect
+    import traceback
+
+    n, r = dist.get_world_size(), dist.get_rank()
+    print(f"rank {r} starts", file=sys.stderr)
+    assert "tensor" in inspect.signature(with_habits).parameters
+    try:
+        raise ValueError("a debugging leftover")
+    except ValueError:
+        traceback.print_exc()
+    total = Total(tensor)
+    for peer in cached_peers(n, r):
+        incoming = torch.empty_like(tensor)
+        request = dist.isend(tensor, peer)
+        dist.recv(incoming, peer)
+        request.wait()
+        total.t += incoming
+    tensor.copy_(total.t)
+    warnings.warn("done")
+    return "ok"
+
+
+def test_honest_habits_run_as_in_a_notebook(capfd):
+    ranks = run(with_habits, n=2)
+    assert [r["out"] for r in ranks] == ["ok", "ok"]
+    torch.testing.assert_close(ranks[0]["x"], torch.arange(6, dtype=torch.float32) * 2 + 1)
+    err = capfd.readouterr().err
+    assert "[rank 0] rank 0 starts" in err and "[rank 1] rank 1 starts" in err
+    assert "ValueError: a debugging leftover" in err and "UserWarning: done" in err
+
+
+def test_grading_shows_the_workers_stderr_on_stdout(capfd, monkeypatch):
+    """nbgrader gives no points to a test cell with output on stderr: while grading it goes to stdout."""
+    monkeypatch.setenv("LABSUPPORT_GRADING", "1")
+    run(with_habits, n=2)
+    out, err = capfd.readouterr()
+    assert "[rank 1] rank 1 starts" in out and "UserWarning: done" in out
+    assert "rank 1 starts" not in err
+
+
+def raises_not_implemented(tensor):
+    raise NotImplementedError
+
+
+def test_an_unwritten_function_says_so():
+    with pytest.raises(labsupport.WorkerError, match="raises_not_implemented is not implemented yet"):
+        run(raises_not_implemented, n=1)
+
+
+def waits_forever(tensor):
+    dist.recv(tensor, (dist.get_rank() + 1) % dist.get_world_size())
+
+
+def test_a_deadlock_report_shows_where_the_students_code_waits():
+    with pytest.raises(labsupport.WorkerTimeout) as info:
+        run(waits_forever, n=2, timeout=4)
+    text = str(info.value)
+    assert "rank 0: blocked in recv(src=1)" in text and "rank 1: blocked in recv(src=0)" in text, text
+    assert "dist.recv(tensor, (dist.get_rank() + 1) % dist.get_world_size())" in text, text
+    assert "labsupport/_sandbox.py" not in text, text
+
+
+def my_pid(tensor):
+    return os.getpid(), os.getcwd()
+
+
+def test_the_sandbox_ends_with_its_task_and_leaves_nothing():
+    import psutil
+
+    ranks = run(my_pid, n=2)
+    sandboxes = [r["out"][0] for r in ranks]
+    folders = [r["out"][1] for r in ranks]
+    assert all(s != r["pid"] for s, r in zip(sandboxes, ranks))  # another process than the host
+    assert all(os.path.basename(f).startswith("sandbox-") for f in folders), folders  # a private folder
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(psutil.pid_exists(p) or os.path.exists(f)
+                                               for p, f in zip(sandboxes, folders)):
+        time.sleep(0.05)
+    assert not any(psutil.pid_exists(p) for p in sandboxes)
+    assert not any(os.path.exists(f) for f in folders)
