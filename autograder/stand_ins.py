@@ -23,6 +23,8 @@ def _plain(value, depth: int = 0):
         return {_plain(k, depth + 1): _plain(v, depth + 1) for k, v in value.items()}
     if kind is range or kind is slice:
         return value
+    if kind.__name__ == "Unplain" and kind.__module__ == "labsupport._sandbox":  # described by the sandbox
+        raise TypeError(f"an object of type {value.kind}")
     mod = kind.__module__.split(".")[0]
     if mod in ("torch", "numpy") and kind.__name__ in ("Tensor", "ndarray", "dtype", "device", "Size", "float64",
                                                        "float32", "int64", "int32", "bool_", "bool"):
@@ -62,17 +64,22 @@ def _copy_back(original, returned) -> None:
 
 
 def _stand_in(fn, timeout: float):
-    """``fn`` as the judge calls it: on a one-rank worker from this process, directly inside a worker."""
+    """``fn`` as the judge calls it: on a one-rank worker from this process, in that worker's sandbox
+    (``labsupport._sandbox``: the grader's modules are not there, and what comes back is plain data); directly
+    inside a worker (a check that runs the student's code there)."""
     import builtins
     import functools
 
     import labsupport
+    from labsupport._sandbox import sandboxed
+
+    boxed = sandboxed(fn, getattr(fn, "__name__", "the function"))
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
         if labsupport.in_worker():
             return fn(*args, **kwargs)
-        status, value, new_args, new_kwargs = labsupport.run(_call_in_worker, fn, args, kwargs, world_size=1,
+        status, value, new_args, new_kwargs = labsupport.run(_call_in_worker, boxed, args, kwargs, world_size=1,
                                                              timeout=timeout)[0]
         _copy_back(args, new_args)
         _copy_back(list(kwargs.values()), list(new_kwargs.values()))

@@ -141,7 +141,8 @@ class Sandboxed:
     def __call__(self, *args, **kwargs):
         from ._worker import CURRENT
 
-        if not CURRENT or not hasattr(os, "fork"):  # not on a worker, or no fork: run it here
+        if not CURRENT or not hasattr(os, "fork") or os.environ.get("LABSUPPORT_SANDBOX") == "0":
+            # not on a worker, no fork (Windows), or turned off (benchmarks/warden.py --boundary sandbox): run it here
             from . import _pickling
 
             return _pickling.loads(self.blob)(*args, **kwargs)
@@ -238,6 +239,9 @@ class _Host:
                 stream.flush()
             except Exception:
                 pass
+        from . import _seccomp
+
+        _seccomp.guard_host()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Python 3.12 warns on fork in a process with threads
             pid = os.fork()
@@ -628,6 +632,7 @@ def _become_sandbox(sock, rank, world_size, folder, stack_file) -> None:
     tempfile.tempdir = None
     from . import _seccomp
 
+    _seccomp.drop_capabilities()
     _seccomp.install()
     _serve_calls(link)
 

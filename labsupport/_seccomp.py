@@ -68,6 +68,36 @@ def _program(table: dict, pid: int) -> list:
     return prog
 
 
+def _libc():
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+def guard_host() -> None:
+    """In the host, before it forks a sandbox: not dumpable, so that reading its memory through ``/proc`` needs a
+    capability the sandbox gives up (``drop_capabilities``)."""
+    libc = _libc() if sys.platform.startswith("linux") else None
+    if libc is not None:
+        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+
+
+def drop_capabilities() -> None:
+    """In the sandbox: dumpable again (its host reads its ``/proc``), and no capability at all, even as root."""
+    import ctypes
+
+    libc = _libc() if sys.platform.startswith("linux") else None
+    if libc is None:
+        return
+    libc.prctl(4, 1, 0, 0, 0)
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = (ctypes.c_uint32 * 6)()                  # effective, permitted, inheritable: none, twice (64 bits)
+    libc.capset(header, data)
+
+
 def install() -> bool:
     """Install the filter in this process (irreversible); False where seccomp is not available."""
     if not sys.platform.startswith("linux"):

@@ -1,9 +1,12 @@
-"""Grading holds against code inside the student's own function on the workers (``labsupport/_warden.py``).
+"""Grading holds against code inside the student's own function on the workers.
 
 Each cheat is written as a student would write it and compiled as the judge compiles a submission's cells (file
-name ``<student code: ...>``); the real check then runs it on real workers with the warden installed (as the judge's
-workers have it: ``tests/conftest.py`` sets ``LABSUPPORT_WARDEN=1``). Every one must lose its points, with a
-message that says what was refused; the honest answer beside it keeps them.
+name ``<student code: ...>``); the real check then runs it on real workers, as the judge's workers do
+(``tests/conftest.py`` sets ``LABSUPPORT_WARDEN=1``). 01's and 02's checks run the student's function in a sandbox
+behind its host (``labsupport/_sandbox.py``): there the recording, the check's frames and objects and the grader
+are out of reach, a patch changes only the sandbox, and the built-in the cheat falls back on is refused; 03's
+checks still share the worker with the student's code, under the warden (``labsupport/_warden.py``). Every cheat
+must lose its points, with a message that says why; the honest answer beside it keeps them.
 """
 
 from pathlib import Path
@@ -144,15 +147,23 @@ def test_the_honest_answer_keeps_its_points():
     C.check_all_reduce(_student(HONEST, "all_reduce"))
 
 
+#: how each cheat ends in the sandbox: the built-in it falls back on is refused, the patch changed only the
+#: sandbox (so the answer is wrong), the socket is refused, the store is the sandbox's own (nobody else writes it)
+ENDS = {
+    "edits_the_recording": "called torch.distributed.all_reduce", "invents_records": "called torch.distributed",
+    "unsubscribes_the_observers": "called torch.distributed.all_reduce",
+    "calls_the_original": "called torch.distributed.all_reduce", "uses_the_store": "did not finish",
+    "reads_the_frames": "called torch.distributed.all_reduce", "reads_a_traceback": "called torch.distributed",
+    "walks_the_garbage_collector": "called torch.distributed.all_reduce", "patches_torch": "rank 0's tensor: got",
+    "patches_the_grader": "rank 0's tensor: got", "opens_a_socket": "PermissionError",
+}
+
+
 @pytest.mark.parametrize("cheat", sorted(CHEATS))
 def test_each_cheat_loses_its_points(cheat):
-    """Refused by the warden, or (data moved past the recording in the check's small tensors, below what the byte
-    count can tell from gloo's headers) failed for sending less than an all-reduce needs."""
     with pytest.raises(AssertionError) as info:
-        C.check_all_reduce(_student(CHEATS[cheat], "all_reduce"), timeout=20)
-    message = str(info.value)
-    by_traffic = cheat in ("calls_the_original", "uses_the_store")
-    assert message.startswith(REFUSED) or (by_traffic and "needs at least" in message), message
+        C.check_all_reduce(_student(CHEATS[cheat], "all_reduce"), timeout=10)
+    assert ENDS[cheat] in str(info.value), str(info.value)
 
 
 def _counted(fn):
@@ -175,9 +186,10 @@ def test_the_byte_count_sees_a_collective_the_recording_did_not():
 
 
 def test_a_collective_nested_in_another_calls_argument_conversion_is_refused():
+    """In the sandbox the conversion's collective is a request to the host like any other: refused by the rule."""
     with pytest.raises(AssertionError) as info:
-        C.check_all_reduce(_student(NESTED, "all_reduce"), timeout=20)
-    assert REFUSED in str(info.value) and "inside another" in str(info.value), str(info.value)
+        C.check_all_reduce(_student(NESTED, "all_reduce"), timeout=10)
+    assert "called torch.distributed" in str(info.value) or " raised " in str(info.value), str(info.value)
 
 
 NESTED = '''
@@ -217,11 +229,11 @@ def broadcast(tensor, src):
 
 
 def test_data_moved_without_the_messages_it_needs_loses_the_points():
-    """A store of its own, opened and closed inside the answer, escapes the byte count; the answer still sent
-    nothing, and the check requires what a broadcast must receive."""
+    """A store of its own: the sandbox has no socket to open it with (where seccomp is missing, the check still
+    requires what a broadcast must receive in point-to-point messages)."""
     with pytest.raises(AssertionError) as info:
-        C.check_broadcast(_student(STORE_ONLY, "broadcast"), timeout=20)
-    assert "needs at least" in str(info.value) and "point-to-point" in str(info.value), str(info.value)
+        C.check_broadcast(_student(STORE_ONLY, "broadcast"), timeout=8)
+    assert "did not finish" in str(info.value) or "needs at least" in str(info.value), str(info.value)
 
 
 def test_the_wrappers_hand_out_no_original():
@@ -357,5 +369,5 @@ def test_a_ring_that_moves_its_data_through_a_store_of_its_own_loses_the_points(
     from autograder.checks import ring_allreduce as R
 
     with pytest.raises(AssertionError) as info:
-        R.check_ring_all_gather(_student(STORE_RING, "ring_all_gather"))
-    assert "needs at least" in str(info.value) and "point-to-point" in str(info.value), str(info.value)
+        R.check_ring_all_gather(_student(STORE_RING, "ring_all_gather"), timeout=8)
+    assert "did not finish" in str(info.value) or "needs at least" in str(info.value), str(info.value)
