@@ -128,12 +128,13 @@ def _copy_back(old, new) -> None:
 class Sandboxed:
     """A student's function as the check on a worker sees it (see the module docstring)."""
 
-    def __init__(self, blob: bytes, name: str, what: str, allow=None):
+    def __init__(self, blob: bytes, name: str, what: str, allow=None, forbid=None):
         self.blob, self.__name__, self.what = blob, name, what
         self.allow = None if allow is None else frozenset(allow)
+        self.forbid = dict(forbid or {})  # "module:name" -> why, for the exercise's own built-in
 
     def __reduce__(self):
-        return (Sandboxed, (self.blob, self.__name__, self.what, self.allow))
+        return (Sandboxed, (self.blob, self.__name__, self.what, self.allow, self.forbid))
 
     def __repr__(self) -> str:
         return f"<{self.__name__}, run in a sandbox>"
@@ -141,17 +142,21 @@ class Sandboxed:
     def __call__(self, *args, **kwargs):
         from ._worker import CURRENT
 
-        if not CURRENT or not hasattr(os, "fork") or os.environ.get("LABSUPPORT_SANDBOX") == "0":
-            # not on a worker, no fork (Windows), or turned off (benchmarks/warden.py --boundary sandbox): run it here
+        if (not CURRENT or not hasattr(os, "fork") or os.environ.get("LABSUPPORT_SANDBOX") == "0"
+                or CURRENT.get("backend") == "nccl"):
+            # not on a worker, no fork (Windows), CUDA in the worker (a forked child cannot use it), or turned off
+            # (benchmarks/warden.py --boundary sandbox): run it here
             from . import _pickling
 
             return _pickling.loads(self.blob)(*args, **kwargs)
         return _host().call(self, args, kwargs)
 
 
-def sandboxed(fn, what: str = "", allow=None) -> Sandboxed:
+def sandboxed(fn, what: str = "", allow=None, forbid=None) -> Sandboxed:
     """``fn`` wrapped for a check (called in the grader's process): ``what`` names the exercise in messages,
-    ``allow`` is the set of ``torch.distributed`` calls it may make (``{"send", "recv"}``), None for any."""
+    ``allow`` is the set of ``torch.distributed`` calls it may make (``{"send", "recv"}``), None for any;
+    ``forbid`` maps ``"module:name"`` of a built-in the exercise re-implements to the message it raises if the
+    function uses it (``{"torch.utils.data:DistributedSampler": "shard_indices must not ..."}``)."""
     from . import _pickling
 
     if isinstance(fn, Sandboxed):
@@ -159,12 +164,12 @@ def sandboxed(fn, what: str = "", allow=None) -> Sandboxed:
     name = getattr(fn, "__name__", type(fn).__name__)
     module = sys.modules.get(getattr(fn, "__module__", None) or "")
     if module is None or module.__name__ == "__main__" or not _own_file(module):
-        return Sandboxed(_pickling.dumps(fn), name, what or name, allow)
+        return Sandboxed(_pickling.dumps(fn), name, what or name, allow, forbid)
     import cloudpickle
 
     cloudpickle.register_pickle_by_value(module)  # a module of the course's users (a test, a script): by value,
     try:                                          # since the sandbox may not import what that module imports
-        return Sandboxed(_pickling.dumps(fn), name, what or name, allow)
+        return Sandboxed(_pickling.dumps(fn), name, what or name, allow, forbid)
     finally:
         cloudpickle.unregister_pickle_by_value(module)
 
@@ -297,7 +302,7 @@ class _Host:
         self.known.add(key)
         self.refused_now = []
         self.allow, self.what, self.returned = fn.allow, fn.what, False
-        self._send(("call", key, blob, pickle.dumps((args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)))
+        self._send(("call", key, blob, pickle.dumps((args, kwargs), protocol=pickle.HIGHEST_PROTOCOL), fn.forbid))
         if self._side:
             with open(self._side, "w") as fh:  # a deadlock report reads the sandbox's stack meanwhile
                 fh.write(str(self.pid))
@@ -640,6 +645,36 @@ def _become_sandbox(sock, rank, world_size, folder, stack_file) -> None:
 _KEPT: list = []
 
 
+def _forbid(rules: dict):
+    """Replace each built-in an exercise re-implements by one that raises its message; returns the undo."""
+    import importlib
+
+    saved = []
+    for where, why in rules.items():
+        module_name, _, name = where.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        original = getattr(module, name, None)
+        if original is None:
+            continue
+
+        def refuse(*args, _why=why, **kwargs):
+            raise RuntimeError(_why)
+
+        for mod in {module, sys.modules.get(getattr(original, "__module__", "") or "")} - {None}:
+            if getattr(mod, name, None) is original:
+                saved.append((mod, name, original))
+                setattr(mod, name, refuse)
+
+    def undo():
+        for mod, name, original in saved:
+            setattr(mod, name, original)
+
+    return undo
+
+
 def _serve_calls(link: _Link) -> None:
     import traceback
 
@@ -650,8 +685,9 @@ def _serve_calls(link: _Link) -> None:
         msg = link.recv()
         if msg[0] == "exit":
             return
-        _, key, blob, payload = msg
+        _, key, blob, payload, forbid = msg
         text, args, kwargs = "", [], {}
+        undo = _forbid(forbid)  # before unpickling: a reference to the built-in is taken as the stand-in
         try:
             if blob is not None:
                 functions[key] = _pickling.loads(blob)
@@ -663,6 +699,8 @@ def _serve_calls(link: _Link) -> None:
             frames = [f for f in traceback.extract_tb(exc.__traceback__)
                       if not f.filename.startswith(os.path.dirname(os.path.abspath(__file__)))]
             text = "".join(traceback.format_list(frames))
+        finally:
+            undo()
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         link.send(("returned",))

@@ -239,3 +239,21 @@ def test_the_sandbox_ends_with_its_task_and_leaves_nothing():
         time.sleep(0.05)
     assert not any(psutil.pid_exists(p) for p in sandboxes)
     assert not any(os.path.exists(f) for f in folders)
+
+
+def shards_with_the_builtin(n):
+    from torch.utils.data import DistributedSampler
+
+    return list(DistributedSampler(range(n), num_replicas=2, rank=0, shuffle=False))
+
+
+def test_the_builtin_an_exercise_rebuilds_raises_inside_its_call():
+    rules = {"torch.utils.data:DistributedSampler": "do not", "torch.utils.data.distributed:DistributedSampler":
+             "do not"}
+
+    def call(fn, n):
+        return fn(n)
+
+    with pytest.raises(labsupport.WorkerError, match="RuntimeError: do not"):
+        labsupport.run(call, sandboxed(shards_with_the_builtin, forbid=rules), 6, world_size=1)
+    assert labsupport.run(call, sandboxed(shards_with_the_builtin), 6, world_size=1) == [[0, 2, 4]]

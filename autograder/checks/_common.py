@@ -38,6 +38,16 @@ def run_on_workers(probe, *args, world_size: int, what: str, timeout: float | No
     return result
 
 
+#: The built-ins that an exercise, a function the judge calls, re-implements: inside its call in the sandbox each
+#: raises the message, so an answer that leans on what it is building says so instead of passing.
+BUILT_INS = {
+    "shard_indices": {
+        f"{module}:DistributedSampler": "shard_indices must not call DistributedSampler: it is what you are building "
+                                        "(compute the indices from num_samples, num_replicas, rank, epoch and seed)"
+        for module in ("torch.utils.data", "torch.utils.data.distributed")},
+}
+
+
 def in_sandbox(fn, what: str, allow=None):
     """``fn`` as the workers will call it: in a sandbox of each rank, behind a host that carries its messages
     (``labsupport._sandbox``). ``allow`` names the ``torch.distributed`` calls the exercise may make (the others are

@@ -58,7 +58,7 @@ def _check(name: str, fn, timeout, world_sizes=WORLD_SIZES) -> None:
     for world_size in world_sizes:
         run_on_workers(
             _probe, name, fn, _draw_trials(seed, world_size), world_size=world_size, what=SIGNATURES[name],
-            timeout=timeout,
+            timeout=timeout, backend="gloo",
         )
 
 
