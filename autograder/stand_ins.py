@@ -7,6 +7,8 @@ frame of student code that would still start there, such as a method of a studen
 
 from __future__ import annotations
 
+import functools
+
 _PLAIN = (int, float, complex, str, bytes, bool, type(None))
 
 
@@ -63,27 +65,37 @@ def _copy_back(original, returned) -> None:
             pass
 
 
-def _stand_in(fn, timeout: float):
+class _StandIn:
     """``fn`` as the judge calls it: on a one-rank worker from this process, in that worker's sandbox
-    (``labsupport._sandbox``: the grader's modules are not there, and what comes back is plain data); directly
-    inside a worker (a check that runs the student's code there)."""
-    import builtins
-    import functools
+    (``labsupport._sandbox``: the grader's modules are not there, and what comes back is plain data). Pickled, it
+    is the student's function itself: a check that sends it to workers sends nothing of the grader's."""
 
-    import labsupport
-    from labsupport._sandbox import sandboxed
+    __judge_stand_in__ = True
 
-    from .checks._common import BUILT_INS
+    def __init__(self, fn, timeout: float):
+        functools.update_wrapper(self, fn)
+        self._fn, self._timeout, self._boxed = fn, timeout, None
 
-    name = getattr(fn, "__name__", "the function")
-    boxed = sandboxed(fn, name, forbid=BUILT_INS.get(name))
+    def __reduce__(self):
+        from labsupport._pickling import identity
 
-    @functools.wraps(fn)
-    def call(*args, **kwargs):
+        return identity, (self._fn,)
+
+    def __call__(self, *args, **kwargs):
+        import builtins
+
+        import labsupport
+        from labsupport._sandbox import sandboxed
+
+        from .checks._common import BUILT_INS
+
+        fn = self._fn
         if labsupport.in_worker():
             return fn(*args, **kwargs)
-        status, value, new_args, new_kwargs = labsupport.run(_call_in_worker, boxed, args, kwargs, world_size=1,
-                                                             timeout=timeout)[0]
+        if self._boxed is None:  # at the first call, when every other function of the student's has its stand-in
+            self._boxed = sandboxed(fn, fn.__name__, forbid=BUILT_INS.get(fn.__name__))
+        status, value, new_args, new_kwargs = labsupport.run(_call_in_worker, self._boxed, args, kwargs,
+                                                             world_size=1, timeout=self._timeout)[0]
         _copy_back(args, new_args)
         _copy_back(list(kwargs.values()), list(new_kwargs.values()))
         if status == "raise":
@@ -99,8 +111,10 @@ def _stand_in(fn, timeout: float):
             raise TypeError(f"{fn.__name__} returned {exc}; the grader accepts plain values (numbers, strings, "
                             "lists, tuples, dicts, tensors)") from None
 
-    call.__judge_stand_in__ = True
-    return call
+
+def _stand_in(fn, timeout: float):
+    """``fn`` as the judge calls it (``_StandIn``)."""
+    return _StandIn(fn, timeout)
 
 
 STUDENT_FILE = "<student code: "
