@@ -73,7 +73,7 @@ def _stand_in(fn, timeout: float):
         if labsupport.in_worker():
             return fn(*args, **kwargs)
         status, value, new_args, new_kwargs = labsupport.run(_call_in_worker, fn, args, kwargs, world_size=1,
-                                                             timeout=timeout)[0]
+                                                             timeout=timeout, backend="gloo")[0]
         _copy_back(args, new_args)
         _copy_back(list(kwargs.values()), list(new_kwargs.values()))
         if status == "raise":
