@@ -60,6 +60,10 @@ LEFT_OUT = {
     "jupyterlab-widgets": "widgets",
 }
 
+#: install the folder without an index, then run the suite (the README gives the same line)
+COMMAND = ("python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site:$PWD "
+           "JUPYTER_PATH=/tmp/site/share/jupyter python3 -m pytest -m gpu -rA -p no:cacheprovider tests/test_gpu.py")
+
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_26_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux_2_5_x86_64", "manylinux1_x86_64", "any"]
 
@@ -142,9 +146,8 @@ def main(argv=None) -> int:
         print("  unmet:", problem)
     if problems:
         return 1
-    print("On the GPU machine, from the repository root:\n  python3 -m pip install -q --no-index --no-deps --target "
-          "/tmp/site .whl/*.whl && PYTHONPATH=/tmp/site:$PWD python3 -m pytest -m gpu -rA -p no:cacheprovider "
-          "tests/test_gpu.py")
+    print("On the GPU machine, from the repository root (nbconvert's templates are data files: JUPYTER_PATH):\n"
+          f"  {COMMAND}")
     return 0
 
 
