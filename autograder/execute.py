@@ -177,6 +177,10 @@ def kernel_env(extra_paths=()) -> dict:
             del env[key]
     env["LABSUPPORT_GRADING"] = "1"
     env.pop("LABSUPPORT_TEST_GRADER_IN_SANDBOX", None)  # the test suite's own; never in a kernel or a judge
+    # grading runs on gloo on the CPU: no GPU is visible to its kernels, judges and their workers, so that backend
+    # "auto" never hands a rank a GPU (a notebook's CPU tensors would be refused under NCCL) and no process of the
+    # run holds a CUDA context on a grading machine's GPUs
+    env["CUDA_VISIBLE_DEVICES"] = ""
     paths = [str(p) for p in extra_paths] + [str(Path(__file__).resolve().parent.parent)]
     if env.get("PYTHONPATH"):
         paths.append(env["PYTHONPATH"])

@@ -19,6 +19,7 @@ can be read while the worker is blocked inside gloo, which is when the notebook 
 
 from __future__ import annotations
 
+import copyreg
 import faulthandler
 import gc
 import io
@@ -29,6 +30,7 @@ import signal
 import sys
 import threading
 import traceback
+from collections import ChainMap
 from datetime import timedelta
 
 import torch
@@ -94,17 +96,31 @@ class _RankStream(io.TextIOBase):
         return False
 
 
-def _to_cpu(obj):
-    """Move tensors in (nested) results to the CPU, so the notebook never has to initialise CUDA to read them."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu() if obj.device.type != "cpu" else obj
-    if isinstance(obj, list):
-        return [_to_cpu(x) for x in obj]
-    if isinstance(obj, tuple) and type(obj) is tuple:
-        return tuple(_to_cpu(x) for x in obj)
-    if isinstance(obj, dict) and type(obj) is dict:
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    return obj
+def _cpu_tensor_reduce(t):
+    """How a result's tensor is pickled: as a CPU tensor, wherever it sits (a list, a ``state_dict``, a module's
+    parameter, ``torch.max``'s named tuple, an object of the notebook's own class), so that the notebook never has to
+    initialise CUDA to read a result."""
+    if t.device.type != "cpu":
+        t = t.detach().cpu()
+    return t.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+
+
+# exact type: subclasses (Parameter) pickle their plain tensor data through this entry too
+_ON_THE_CPU = {torch.Tensor: _cpu_tensor_reduce}
+
+
+class _ResultPickler(pickle.Pickler):
+    dispatch_table = ChainMap(_ON_THE_CPU, copyreg.dispatch_table)
+
+
+class _ResultCloudPickler(_pickling._Pickler):  # classes and functions defined in the notebook
+    dispatch_table = ChainMap(_ON_THE_CPU, _pickling._Pickler.dispatch_table)
+
+
+def _dump_result(result, pickler=_ResultPickler) -> bytes:
+    with io.BytesIO() as file:
+        pickler(file, protocol=pickle.HIGHEST_PROTOCOL).dump(result)
+        return file.getvalue()
 
 
 def _error_dict(exc: BaseException, where: str) -> dict:
@@ -254,10 +270,10 @@ def _run_task(conn, call_id: int, spec: dict, payload: bytes, streams) -> None:
             s.flush()
         where = "sending the result back"
         try:
-            data = pickle.dumps(_to_cpu(result), protocol=pickle.HIGHEST_PROTOCOL)
+            data = _dump_result(result)
         except Exception as exc:
             try:  # classes defined in the notebook need cloudpickle
-                data = _pickling.dumps(_to_cpu(result))
+                data = _dump_result(result, _ResultCloudPickler)
             except Exception:
                 raise TypeError(
                     f"the function returned a {type(result).__name__}, which cannot be sent back to the notebook "

@@ -1,5 +1,7 @@
 """Test selection: ``./course test -m "not slow"`` is the quick loop (the launcher, the lesson modules, the screen,
-the layout); the slow tests run real kernels, grade notebooks through nbgrader, or run every check on workers."""
+the layout); the slow tests run real kernels, grade notebooks through nbgrader, or run every check on workers.
+``./course test -m gpu`` is the GPU suite (``test_gpu.py``): on a machine with a GPU, every other test runs as on one
+without (``CUDA_VISIBLE_DEVICES=""``), as the CPU tests it is."""
 
 import os
 import sys
@@ -47,6 +49,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
         if "class_graded" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.timeout(CLASS_GRADING_TIMEOUT), append=False)
+
+
+@pytest.fixture(autouse=True)
+def _gpus_for_the_gpu_suite_only(request, monkeypatch):
+    """Outside the GPU suite, no GPU: with one, backend "auto" would give one-rank runs NCCL on cuda:0, where the
+    CPU tests' tensors are refused. Workers take the notebook's environment with each call, so this holds for them."""
+    if request.node.get_closest_marker("gpu") is None:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
 
 
 @pytest.fixture(scope="session")

@@ -25,12 +25,16 @@ def draw_seed() -> int:
     return random.SystemRandom().randrange(1, 2**31)
 
 
-def run_on_workers(probe, *args, world_size: int, what: str, timeout: float | None = None, **kwargs):
-    """Run ``probe`` on ``world_size`` ranks; turn every failure into an ``AssertionError`` naming ``what``."""
+def run_on_workers(probe, *args, world_size: int, what: str, timeout: float | None = None, backend: str = "gloo",
+                   **kwargs):
+    """Run ``probe`` on ``world_size`` ranks; turn every failure into an ``AssertionError`` naming ``what``.
+
+    gloo on the CPU by default, whatever the machine: the checks' tensors are CPU tensors, and ``"auto"`` would give a
+    rank of its own GPU to as many ranks as there are GPUs (a one-rank check on a machine with one GPU)."""
     timeout = PROBE_TIMEOUT if timeout is None else timeout
     refused_before(what)
     try:
-        result = labsupport.run(probe, *args, world_size=world_size, timeout=timeout, **kwargs)
+        result = labsupport.run(probe, *args, world_size=world_size, timeout=timeout, backend=backend, **kwargs)
     except (labsupport.WorkerTimeout, labsupport.WorkerError) as exc:
         refused_before(what)
         return _failed(exc, world_size, what, timeout)

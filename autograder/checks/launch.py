@@ -156,7 +156,7 @@ def _probe_environment(rank_table) -> bool:
 def _run_one(probe, *args, what: str, timeout: float):
     """Like run_on_workers with one worker, with messages that do not mention ranks (rank_table is not parallel)."""
     try:
-        return labsupport.run(probe, *args, world_size=1, timeout=timeout)
+        return labsupport.run(probe, *args, world_size=1, timeout=timeout, backend="gloo")
     except labsupport.WorkerTimeout:
         raise AssertionError(f"{what} did not return within {timeout:g} s: is there an endless loop?") from None
     except labsupport.WorkerError as exc:
