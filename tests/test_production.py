@@ -233,3 +233,9 @@ def test_rng_state_round_trip():
     again = (torch.rand(3), random.random(), float(np.random.rand()))
     assert torch.equal(first[0], again[0]) and first[1:] == again[1:]
     assert len(state["cuda"]) == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+
+
+def test_loader_draws_leaves_the_callers_random_state():
+    before = torch.get_rng_state()
+    lesson.loader_draws([1, 0], seed=3, num_workers=0)
+    assert torch.equal(before, torch.get_rng_state())

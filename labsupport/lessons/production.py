@@ -378,19 +378,21 @@ def loader_draws(indices: list, seed: int = 0, generator_seed: int | None = None
     ``num_workers`` worker processes, as a rank does right after ``torch.manual_seed(seed)`` (every rank seeds alike
     so that its model starts alike). The loader gets ``generator=torch.Generator().manual_seed(generator_seed)``
     when ``generator_seed`` is given, else none. Returns ``{"draws": [(index, draw), ...] in reading order,
-    "global_rng_moved": whether creating the loader's iterator drew from the global random state}``."""
+    "global_rng_moved": whether creating the loader's iterator drew from the global random state}``. The caller's
+    global random state is left as it was."""
     from torch.utils.data import DataLoader
 
     dataset = AugmentedSamples(max(indices) + 1, per_sample_seed)
     dataset.set_epoch(epoch)
-    torch.manual_seed(seed)
-    before = torch.get_rng_state()
-    gen = None if generator_seed is None else torch.Generator().manual_seed(generator_seed)
-    loader = DataLoader(dataset, batch_size=batch_size, sampler=list(indices), num_workers=num_workers,
-                        generator=gen, collate_fn=_pairs)
-    batches = iter(loader)  # the workers start here, each seeded with base_seed + worker id
-    moved = not torch.equal(before, torch.get_rng_state())
-    draws = [pair for batch in batches for pair in batch]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        before = torch.get_rng_state()
+        gen = None if generator_seed is None else torch.Generator().manual_seed(generator_seed)
+        loader = DataLoader(dataset, batch_size=batch_size, sampler=list(indices), num_workers=num_workers,
+                            generator=gen, collate_fn=_pairs)
+        batches = iter(loader)  # the workers start here, each seeded with base_seed + worker id
+        moved = not torch.equal(before, torch.get_rng_state())
+        draws = [pair for batch in batches for pair in batch]
     return {"draws": draws, "global_rng_moved": moved}
 
 
