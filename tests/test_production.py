@@ -1,4 +1,6 @@
-"""labsupport.lessons.production: the restart script, its log and figure, the peak-memory measure, the sampling figure."""
+"""labsupport.lessons.production: the restart script, its log and figure, the peak-memory measure, the sampling figure,
+and the demos around the exercises (resuming on another world size, loader seeds, evaluation under padding, gradient
+accumulation, async_save, the checkpoint interval, the random state)."""
 
 import json
 import os
@@ -88,3 +90,152 @@ def test_tensor_bytes_counts_each_storage_once():
     state = {"w": a, "view": a[2:5], "nested": [torch.zeros(3, dtype=torch.float64), {"step": torch.tensor(1.0)}]}
     assert lesson.tensor_bytes(state) == 40 + 24 + 4
     assert lesson.tensor_bytes({}) == 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the demos around the exercises
+
+
+def _sampler_shard(num_samples, num_replicas, rank, epoch=0):
+    """A rank's indices as torch's DistributedSampler gives them (the shape of the notebook's shard_indices)."""
+    from torch.utils.data import DistributedSampler
+
+    sampler = DistributedSampler(range(num_samples), num_replicas=num_replicas, rank=rank, shuffle=True, seed=0)
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
+def test_resumed_reads_on_the_same_and_on_another_world_size():
+    right_same, wrong, right_other = ("same N: each rank skips its own steps_done·batch",
+                                      "other N: each rank skips its own steps_done·batch",
+                                      "other N: skip the steps_done·batch·N global samples")
+    for world_after, twice, never in ((3, 12, 0), (6, 0, 24)):
+        counts = lesson.resumed_reads(_sampler_shard, 96, batch=4, steps_done=3, world_before=4,
+                                      world_after=world_after, epoch=1)
+        assert list(counts) == [right_same, wrong, right_other]
+        assert counts[right_same] == [1] * 96 and counts[right_other] == [1] * 96
+        assert (counts[wrong].count(2), counts[wrong].count(0)) == (twice, never), world_after
+    # 10 samples on 4 ranks (padded to 12), 2 steps of 1 consumed 8 positions; the 2 left dealt to 3 ranks, one
+    # of them twice (the sampler's padding): every sample read, 8 + 3 reads in all
+    counts = lesson.resumed_reads(_sampler_shard, 10, batch=1, steps_done=2, world_before=4, world_after=3)
+    assert min(counts[right_other]) == 1 and sum(counts[right_other]) == 11
+
+
+def test_loader_draws_in_one_process():
+    plain = lesson.loader_draws([0, 2, 4], num_workers=0)
+    assert [i for i, _ in plain["draws"]] == [0, 2, 4] and plain["global_rng_moved"]
+    assert not lesson.loader_draws([0, 2, 4], num_workers=0, generator_seed=5)["global_rng_moved"]
+    # seeded per sample: a sample's draw depends on the seed, the epoch and its index, not on who reads it when
+    first = dict(lesson.loader_draws([3, 1, 2], per_sample_seed=7, epoch=1, num_workers=0)["draws"])
+    again = dict(lesson.loader_draws([2, 3], per_sample_seed=7, epoch=1, num_workers=0, seed=9)["draws"])
+    other_epoch = dict(lesson.loader_draws([2, 3], per_sample_seed=7, epoch=2, num_workers=0)["draws"])
+    assert again == {2: first[2], 3: first[3]} and other_epoch != again
+
+
+@pytest.mark.slow
+def test_loader_workers_draw_alike_on_every_rank_without_a_generator():
+    """Two ranks seeded alike: their loaders' workers draw the same numbers for different samples, unless each
+    loader has a generator of its own."""
+    ranks = [lesson.loader_draws(list(range(r, 8, 2)), seed=0) for r in range(2)]
+    assert [d for _, d in ranks[0]["draws"]] == [d for _, d in ranks[1]["draws"]]
+    assert all(r["global_rng_moved"] for r in ranks)
+    own = [lesson.loader_draws(list(range(r, 8, 2)), seed=0, generator_seed=100 + r) for r in range(2)]
+    assert [d for _, d in own[0]["draws"]] != [d for _, d in own[1]["draws"]]
+    assert not any(r["global_rng_moved"] for r in own)
+    with_workers = dict(lesson.loader_draws(list(range(8)), per_sample_seed=3)["draws"])
+    without = dict(lesson.loader_draws(list(range(8)), per_sample_seed=3, num_workers=0)["draws"])
+    assert with_workers == without
+
+
+def test_evaluation_on_ranks_counts_padding_once_in_the_right_ways():
+    import labsupport
+
+    # 5 samples on 2 ranks: padded to 6, sample 0 (the one answered right) read twice
+    ranks = labsupport.run(lesson.evaluation_on_ranks, [1, 0, 0, 0, 0], world_size=2, timeout=120)
+    assert ranks[0] == ranks[1]
+    (padded, reads), (weighted, weighted_reads), (unequal, unequal_reads) = ranks[0].values()
+    assert reads == 6 and padded == pytest.approx(2 / 6)
+    assert (weighted_reads, unequal_reads) == (5, 5)
+    assert weighted == pytest.approx(0.2) and unequal == pytest.approx(0.2)
+
+
+def test_accumulation_step_each_way():
+    import labsupport
+
+    ranks = labsupport.run(lesson.accumulation_step, 3, world_size=2, timeout=120)
+    got = ranks[0]
+    assert list(got) == ["one process", *lesson.ACCUMULATION_WAYS]
+    reference = got["one process"]["norm"]
+    assert reference > 0.5, "the demo's gradient must be larger than max_norm, or clipping shows nothing"
+    for way in ("no_sync, clip once after the last micro-batch", "GradScaler: unscale_, then clip"):
+        assert got[way]["allreduces"] == 1 and got[way]["error"] < 1e-5, (way, got[way])
+        assert got[way]["norm"] == pytest.approx(reference, rel=1e-5)
+    every = got["all-reduce after every micro-batch, clip once"]
+    assert every["allreduces"] == 3 and every["error"] < 1e-5
+    assert got["clip after every micro-batch"]["error"] > 0.05
+    scaled = got["GradScaler: clip the scaled gradients"]
+    assert scaled["norm"] == pytest.approx(2.0**12 * reference, rel=1e-4) and scaled["error"] > 0.9
+    for way in got:   # every rank took the same step
+        assert ranks[1][way]["allreduces"] == got[way]["allreduces"]
+        assert ranks[1][way]["error"] == pytest.approx(got[way]["error"], abs=1e-6)
+
+
+def test_async_save_demo_keeps_the_state_at_the_call(tmp_path):
+    import labsupport
+
+    ranks = labsupport.run(lesson.async_save_demo, str(tmp_path), 1 << 12, world_size=2, timeout=120)
+    assert [r["intact"] for r in ranks] == [True, True]
+    assert sorted(os.listdir(tmp_path)) == ["async", "sync"]
+    assert ".metadata" in os.listdir(tmp_path / "async")
+
+
+def test_young_and_daly_intervals():
+    assert lesson.young_interval(5, 1440) == pytest.approx(120.0)
+    # Daly 2006, Figs. 3 to 5: a 5-minute dump with M = 24 h, 6 h and 15 min gives 117, 57 and 9.1 minutes
+    for mtbf, expected, tolerance in ((24 * 60, 117, 0.5), (6 * 60, 57, 0.5), (15, 9.1, 0.05)):
+        assert lesson.daly_interval(5, mtbf) == pytest.approx(expected, abs=tolerance)
+    assert lesson.daly_interval(1e-3, 1e4) == pytest.approx(lesson.young_interval(1e-3, 1e4), rel=1e-3)
+    assert lesson.daly_interval(30, 10) == 10
+
+
+def test_expected_time_and_the_simulation_agree():
+    # without failures: the work, and a checkpoint after every interval but the last
+    assert lesson.expected_time(10, 3, 1, 1e12) == pytest.approx(13)
+    assert lesson.expected_time(9, 3, 1, 1e12) == pytest.approx(11)
+    assert lesson.simulate_checkpointing(10, 3, 1, 1e12, runs=1) == pytest.approx(13)
+    for interval in (5, 20, 60):
+        closed = lesson.expected_time(2000, interval, 2, 100, 3)
+        assert lesson.simulate_checkpointing(2000, interval, 2, 100, 3, runs=200) == pytest.approx(closed, rel=0.03)
+    # the closed form is smallest at Daly's interval, not at Young's (7 % longer here)
+    daly = lesson.daly_interval(2, 100)
+    grid = [daly * 2 ** (e / 40) for e in range(-40, 41)]
+    best = min(grid, key=lambda t: lesson.expected_time(1e5, t, 2, 100, 3))
+    assert best == pytest.approx(daly, rel=0.02)
+    assert abs(lesson.young_interval(2, 100) / daly - 1) > 0.05
+
+
+def test_plot_checkpoint_interval_draws_each_cost():
+    fig = lesson.plot_checkpoint_interval({"slow save": 1.0, "fast save": 0.1}, 50.0, 1.0)
+    ax = fig.axes[0]
+    assert len(ax.lines) == 2 * 4    # per cost: the expected share, the simulated dots, Young's and Daly's lines
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["slow save", "fast save"]
+    matplotlib.pyplot.close("all")
+
+
+def test_rng_state_round_trip():
+    import random
+
+    import numpy as np
+
+    state = lesson.rng_state()
+    first = (torch.rand(3), random.random(), float(np.random.rand()))
+    lesson.set_rng_state(state)
+    again = (torch.rand(3), random.random(), float(np.random.rand()))
+    assert torch.equal(first[0], again[0]) and first[1:] == again[1:]
+    assert len(state["cuda"]) == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+
+
+def test_loader_draws_leaves_the_callers_random_state():
+    before = torch.get_rng_state()
+    lesson.loader_draws([1, 0], seed=3, num_workers=0)
+    assert torch.equal(before, torch.get_rng_state())

@@ -1,5 +1,8 @@
 """Notebook 09_production's helpers: the restart demo (a training run that checkpoints with DCP, the script torchrun
-starts, its log), the peak memory of a rank, and the figures.
+starts, its log), the peak memory of a rank, the figures, and the demos of what a training loop adds around the
+exercises: data loader workers and their seeds, resuming an epoch on another world size, evaluation under
+``DistributedSampler``'s padding, gradient accumulation with clipping and loss scaling, ``dcp.async_save``, the
+checkpoint interval (Young 1974, Daly 2006) and the random state a checkpoint must hold.
 
 Example::
 
@@ -10,13 +13,18 @@ Example::
     lesson.plot_restart(reference_losses, records, kill_at=7, every=3)
 
 Nothing here computes an exercise's answer: the training run reads its samples through PyTorch's own
-``DistributedSampler`` and checkpoints with ``torch.distributed.checkpoint``.
+``DistributedSampler`` and checkpoints with ``torch.distributed.checkpoint``; the demos use torch's
+``DistributedSampler``, ``DataLoader``, ``DistributedDataParallel``, ``clip_grad_norm_`` and ``GradScaler``, or take
+the student's function as an argument.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -27,7 +35,11 @@ import torch
 import torch.nn as nn
 
 __all__ = ["RestartNet", "train_run", "write_restart_script", "torchrun", "read_log", "plot_restart",
-           "PeakMemory", "tensor_bytes", "dir_bytes", "plot_sampling", "seconds_lost"]
+           "PeakMemory", "tensor_bytes", "dir_bytes", "plot_sampling", "seconds_lost",
+           "AugmentedSamples", "loader_draws", "resumed_reads", "evaluation_on_ranks",
+           "ACCUMULATION_WAYS", "accumulation_step", "async_save_demo",
+           "young_interval", "daly_interval", "simulate_checkpointing", "expected_time", "plot_checkpoint_interval",
+           "rng_state", "set_rng_state"]
 
 # ---------------------------------------------------------------------------------------------------------------
 # the training run that is killed and resumed
@@ -325,3 +337,379 @@ def plot_sampling(rows: dict, num_samples: int, ax=None):
     ax.set_yticks(range(len(rows)), list(rows))
     ax.set_xlabel("sample index (colour: the rank that reads it; white: read by no rank)")
     return ax.figure
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the data: loader workers and their seeds, an epoch resumed on another world size, evaluation and padding
+
+
+class AugmentedSamples(torch.utils.data.Dataset):
+    """Sample ``i`` of ``n`` is ``(i, draw)``, ``draw`` a random number drawn when the sample is read, as a random
+    crop or flip draws its parameters. By default the draw comes from the reading process's torch random state (a
+    ``DataLoader`` worker's, seeded by the loader); with ``per_sample_seed`` it comes from a generator seeded with
+    (``per_sample_seed``, the epoch set by ``set_epoch``, ``i``), so a sample gets the same draw whichever worker,
+    rank or world size reads it, and after a restart."""
+
+    def __init__(self, n: int, per_sample_seed: int | None = None):
+        self.n, self.seed, self.epoch = n, per_sample_seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.seed is None:
+            draw = torch.rand(())
+        else:
+            gen = torch.Generator().manual_seed((self.seed * 1_000_003 + self.epoch) * 1_000_003 + int(i))
+            draw = torch.rand((), generator=gen)
+        return int(i), round(float(draw), 4)
+
+
+def _pairs(batch):
+    return batch  # keep each batch a list of (index, draw) pairs: no collation into tensors
+
+
+def loader_draws(indices: list, seed: int = 0, generator_seed: int | None = None, num_workers: int = 2,
+                 batch_size: int = 2, per_sample_seed: int | None = None, epoch: int = 0) -> dict:
+    """Read the samples ``indices`` of an ``AugmentedSamples`` dataset, in that order, through a ``DataLoader`` with
+    ``num_workers`` worker processes, as a rank does right after ``torch.manual_seed(seed)`` (every rank seeds alike
+    so that its model starts alike). The loader gets ``generator=torch.Generator().manual_seed(generator_seed)``
+    when ``generator_seed`` is given, else none. Returns ``{"draws": [(index, draw), ...] in reading order,
+    "global_rng_moved": whether creating the loader's iterator drew from the global random state}``. The caller's
+    global random state is left as it was."""
+    from torch.utils.data import DataLoader
+
+    dataset = AugmentedSamples(max(indices) + 1, per_sample_seed)
+    dataset.set_epoch(epoch)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        before = torch.get_rng_state()
+        gen = None if generator_seed is None else torch.Generator().manual_seed(generator_seed)
+        loader = DataLoader(dataset, batch_size=batch_size, sampler=list(indices), num_workers=num_workers,
+                            generator=gen, collate_fn=_pairs)
+        batches = iter(loader)  # the workers start here, each seeded with base_seed + worker id
+        moved = not torch.equal(before, torch.get_rng_state())
+        draws = [pair for batch in batches for pair in batch]
+    return {"draws": draws, "global_rng_moved": moved}
+
+
+def resumed_reads(shard, num_samples: int, batch: int, steps_done: int, world_before: int, world_after: int,
+                  epoch: int = 0) -> dict:
+    """How many times each sample is read in an epoch that stopped after ``steps_done`` steps of ``batch`` samples
+    per rank on ``world_before`` ranks and was finished on ``world_after`` ranks, three ways.
+
+    ``shard(num_samples, num_replicas, rank, epoch=epoch)`` gives a rank's list of indices for the epoch, as
+    ``DistributedSampler`` does (your ``shard_indices``). The ways:
+
+    * ``"same N: each rank skips its own steps_done·batch"``: finished on ``world_before`` ranks, each rank reading
+      ``indices[steps_done * batch:]`` of its own list (right);
+    * ``"other N: each rank skips its own steps_done·batch"``: the same slice of the new ranks' lists (wrong);
+    * ``"other N: skip the steps_done·batch·N global samples"``: the epoch's order (one replica's list) without the
+      samples already consumed, dealt to the new ranks by torch's ``DistributedSampler`` (right).
+
+    Returns ``{way: counts}``, ``counts[i]`` the number of times sample ``i`` was read in the epoch."""
+    from torch.utils.data import DistributedSampler
+
+    def lists(world):
+        return [shard(num_samples, world, r, epoch=epoch) for r in range(world)]
+
+    skip = steps_done * batch
+    before = [i for mine in lists(world_before) for i in mine[:skip]]
+    order = shard(num_samples, 1, 0, epoch=epoch)            # the epoch's order: one replica reads all of it
+    rest = order[skip * world_before:]                         # global positions 0 .. skip·N - 1 were consumed
+    dealt = [[rest[p] for p in DistributedSampler(range(len(rest)), num_replicas=world_after, rank=r,
+                                                  shuffle=False)] for r in range(world_after)]
+    after = {
+        "same N: each rank skips its own steps_done·batch": [i for mine in lists(world_before) for i in mine[skip:]],
+        "other N: each rank skips its own steps_done·batch": [i for mine in lists(world_after) for i in mine[skip:]],
+        "other N: skip the steps_done·batch·N global samples": [i for mine in dealt for i in mine],
+    }
+    counts = {}
+    for way, reads in after.items():
+        c = [0] * num_samples
+        for i in before + reads:
+            c[i] += 1
+        counts[way] = c
+    return counts
+
+
+def evaluation_on_ranks(correct: list) -> dict:
+    """On every rank of the default group (N ranks): the accuracy over a validation set whose sample ``i`` is
+    answered right when ``correct[i]``, three ways, each finished by one all-reduce of (right answers, reads):
+
+    * ``"DistributedSampler, padded"``: each rank reads its ``DistributedSampler(shuffle=False)`` share, which
+      repeats samples from the start until every rank has ``ceil(n / N)``;
+    * ``"padded, repeats weighted 0"``: the same reads, the padding (positions ``n`` and beyond of the padded list,
+      which ``DistributedSampler`` deals to rank ``position % N``) counted with weight 0;
+    * ``"unequal shares, no padding"``: rank ``r`` reads samples ``r, r + N, ...`` below ``n``.
+
+    Returns ``{way: (accuracy, reads)}``, the same on every rank."""
+    import torch.distributed as dist
+    from torch.utils.data import DistributedSampler
+
+    rank, world, n = dist.get_rank(), dist.get_world_size(), len(correct)
+    right = torch.tensor([float(c) for c in correct])
+    mine = list(DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=False))
+    position = torch.arange(len(mine)) * world + rank            # where each read sits in the padded list
+    ways = {
+        "DistributedSampler, padded": (right[mine], torch.ones(len(mine))),
+        "padded, repeats weighted 0": (right[mine], (position < n).float()),
+        "unequal shares, no padding": (right[rank::world], torch.ones(len(right[rank::world]))),
+    }
+    out = {}
+    for way, (values, weight) in ways.items():
+        sums = torch.stack([(values * weight).sum(), weight.sum()])
+        dist.all_reduce(sums)                                   # right answers and reads, over every rank
+        out[way] = (float(sums[0] / sums[1]), int(sums[1]))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# one optimizer step over several micro-batches: no_sync, clipping once, unscale_ before clipping
+
+#: The ways ``accumulation_step`` takes the step, in the order it reports them.
+ACCUMULATION_WAYS = (
+    "no_sync, clip once after the last micro-batch",
+    "all-reduce after every micro-batch, clip once",
+    "clip after every micro-batch",
+    "GradScaler: unscale_, then clip",
+    "GradScaler: clip the scaled gradients",
+)
+
+
+def _accumulation_model() -> nn.Module:
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))
+
+
+def _accumulation_batch(rows: int):
+    gen = torch.Generator().manual_seed(1)
+    return torch.randn(rows, 16, generator=gen), 3 * torch.randn(rows, 4, generator=gen)
+
+
+def accumulation_step(micro_batches: int = 4, batch: int = 4, max_norm: float = 0.5, init_scale: float = 2.0**12,
+                      lr: float = 0.1) -> dict:
+    """On every rank of the default group (N ranks): one SGD step of gradient accumulation over ``micro_batches``
+    micro-batches of ``batch`` samples per rank, taken each way of ``ACCUMULATION_WAYS`` with torch's
+    ``DistributedDataParallel``, ``clip_grad_norm_`` and ``GradScaler("cpu")``, against one process that takes the
+    same step on the whole global batch (N · micro_batches · batch samples, the loss their mean) with its gradient
+    clipped to ``max_norm``. Each micro-batch's loss is divided by ``micro_batches``, so the accumulated gradient is
+    the mean's.
+
+    Returns ``{way: {"allreduces": the gradient all-reduces DDP made (one per bucket per synchronised backward),
+    "norm": the norm clip_grad_norm_ returned (its last call), "error": largest |update - one process's update| /
+    largest |one process's update|}}``; ``"one process"`` holds the reference's norm."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel
+
+    rank, world, k = dist.get_rank(), dist.get_world_size(), micro_batches
+    x, y = _accumulation_batch(world * k * batch)
+    start = [p.detach().clone() for p in _accumulation_model().parameters()]
+
+    ref = _accumulation_model()                                  # one process, the whole global batch
+    F.mse_loss(ref(x), y).backward()
+    ref_norm = float(torch.nn.utils.clip_grad_norm_(ref.parameters(), max_norm))
+    torch.optim.SGD(ref.parameters(), lr=lr).step()
+    ref_update = [p.detach() - s for p, s in zip(ref.parameters(), start)]
+    scale = max(u.abs().max() for u in ref_update)
+
+    def counting_hook(state, bucket):                           # DDP's own all-reduce, counted
+        state["allreduces"] += 1
+        return default_hooks.allreduce_hook(None, bucket)
+
+    mine = slice(rank * k * batch, (rank + 1) * k * batch)      # this rank's samples, cut into micro-batches
+    xs, ys = x[mine].chunk(k), y[mine].chunk(k)
+    out = {"one process": {"allreduces": 0, "norm": ref_norm, "error": 0.0}}
+    for way in ACCUMULATION_WAYS:
+        model = _accumulation_model()
+        ddp = DistributedDataParallel(model)
+        state = {"allreduces": 0}
+        ddp.register_comm_hook(state, counting_hook)
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
+        scaler = torch.amp.GradScaler("cpu", init_scale=init_scale) if way.startswith("GradScaler") else None
+        norm = None
+        for i in range(k):
+            last = i == k - 1
+            quiet = ddp.no_sync() if not last and not way.startswith("all-reduce") else contextlib.nullcontext()
+            with quiet:
+                loss = F.mse_loss(ddp(xs[i]), ys[i]) / k
+                (scaler.scale(loss) if scaler else loss).backward()
+            if way == "clip after every micro-batch":
+                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        if scaler is not None and "unscale_" in way:
+            scaler.unscale_(opt)                                 # now the gradients are the true ones
+        if way != "clip after every micro-batch":
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        if scaler is not None:
+            scaler.step(opt)                                     # unscales first unless unscale_ already did
+            scaler.update()
+        else:
+            opt.step()
+        update = [p.detach() - s for p, s in zip(model.parameters(), start)]
+        error = max((u - r).abs().max() for u, r in zip(update, ref_update)) / scale
+        out[way] = {"allreduces": state["allreduces"], "norm": float(norm), "error": float(error)}
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# checkpoints: async_save, the interval, the random state
+
+
+def async_save_demo(directory: str, numel: int = 1 << 21, steps: int = 3) -> dict:
+    """On every rank: a state of ``numel`` float32 elements saved with ``dcp.save``, then with ``dcp.async_save``
+    while training goes on (``steps`` updates of the state and a few matrix products). ``async_save`` gets a gloo
+    process group of its own, so that the collectives of its background thread never interleave with the
+    training's on the default group. Returns ``{"save": seconds dcp.save blocked, "async_returned": seconds until
+    async_save returned (the state copied into memory of its own), "async_done": seconds until the checkpoint was
+    written, "intact": whether the checkpoint holds the state as it was when async_save was called}``."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    rank = dist.get_rank()
+    torch.manual_seed(rank)
+    state = {f"w{rank}": torch.randn(numel)}
+    start = time.perf_counter()
+    dcp.save(state, checkpoint_id=os.path.join(directory, "sync"))
+    saved = time.perf_counter() - start
+
+    group = dist.new_group(backend="gloo")
+    snapshot = state[f"w{rank}"].clone()
+    start = time.perf_counter()
+    future = dcp.async_save(state, checkpoint_id=os.path.join(directory, "async"), process_group=group)
+    returned = time.perf_counter() - start
+    a = torch.randn(256, 256)
+    for _ in range(steps):                                       # the training goes on meanwhile
+        state[f"w{rank}"].add_(1.0)
+        a = torch.tanh(a @ a)
+    future.result()
+    done = time.perf_counter() - start
+    dist.barrier()
+    loaded = {f"w{rank}": torch.zeros(numel)}
+    dcp.load(loaded, checkpoint_id=os.path.join(directory, "async"))
+    dist.destroy_process_group(group)
+    return {"save": saved, "async_returned": returned, "async_done": done,
+            "intact": bool(torch.equal(loaded[f"w{rank}"], snapshot))}
+
+
+def young_interval(cost: float, mtbf: float) -> float:
+    """Young's first-order optimum checkpoint interval, ``sqrt(2 · cost · mtbf)``: the computing time between two
+    checkpoints that minimises the expected time lost, for a checkpoint that takes ``cost`` and failures that come
+    at random, ``mtbf`` apart on average (J. W. Young, "A first order approximation to the optimum checkpoint
+    interval", Communications of the ACM 17(9), 1974)."""
+    return math.sqrt(2 * cost * mtbf)
+
+
+def daly_interval(cost: float, mtbf: float) -> float:
+    """Daly's higher-order optimum checkpoint interval: ``sqrt(2δM)·(1 + √(δ/2M)/3 + (δ/2M)/9) − δ`` for
+    ``δ = cost < 2M``, else ``M`` (J. T. Daly, "A higher order estimate of the optimum checkpoint interval for
+    restart dumps", Future Generation Computer Systems 22(3), 2006). Close to Young's when the checkpoint is short
+    next to the time between failures; shorter when it is not."""
+    if cost >= 2 * mtbf:
+        return mtbf
+    ratio = cost / (2 * mtbf)
+    return math.sqrt(2 * cost * mtbf) * (1 + math.sqrt(ratio) / 3 + ratio / 9) - cost
+
+
+def simulate_checkpointing(work: float, interval: float, cost: float, mtbf: float, restart: float = 0.0,
+                           runs: int = 40, seed: int = 0) -> float:
+    """The mean wall-clock time to finish ``work`` units of computation that writes a checkpoint (taking ``cost``)
+    after every ``interval`` units, on a machine that fails at random (exponentially distributed times, mean
+    ``mtbf``, also during a checkpoint or a restart). A failure loses everything since the last finished checkpoint
+    and costs ``restart`` to come back. Any time unit, the same for every argument; ``runs`` runs, averaged."""
+    rng = random.Random(seed)
+    total = 0.0
+    for _ in range(runs):
+        t, done = 0.0, 0.0
+        fail = rng.expovariate(1 / mtbf)
+        while done < work:
+            segment = min(interval, work - done)
+            need = segment + (cost if done + segment < work else 0.0)   # no checkpoint after the last segment
+            if t + need <= fail:
+                t, done = t + need, done + segment
+                continue
+            t = fail                                                      # lost: back to the last checkpoint
+            fail = t + rng.expovariate(1 / mtbf)
+            while t + restart > fail:                                     # failed again while restarting
+                t = fail
+                fail = t + rng.expovariate(1 / mtbf)
+            t += restart
+        total += t
+    return total / runs
+
+
+def expected_time(work: float, interval: float, cost: float, mtbf: float, restart: float = 0.0) -> float:
+    """What ``simulate_checkpointing`` averages, in closed form: a stretch that needs ``L`` units without a failure
+    takes ``M·e^(R/M)·(e^(L/M) − 1)`` on average (Daly 2006's complete model, with ``M`` = ``mtbf``, ``R`` =
+    ``restart``); each interval of computation is such a stretch with ``L = interval + cost``, the last one without
+    its checkpoint."""
+    full, last = divmod(work, interval)
+    if last == 0:
+        full, last = full - 1, interval
+
+    def stretch(length):
+        return mtbf * math.exp(restart / mtbf) * math.expm1(length / mtbf)
+
+    return full * stretch(interval + cost) + stretch(last)
+
+
+def plot_checkpoint_interval(costs: dict, mtbf: float, restart: float = 0.0, work: float | None = None,
+                             unit: str = "min", ax=None):
+    """The share of time lost against the checkpoint interval, one curve per ``{label: cost}`` (the label names the
+    cost too): the expected share (``expected_time``) as a line, ``simulate_checkpointing`` at five intervals as
+    dots, Young's interval dashed and Daly's dotted. Times in ``unit``."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 3.4))
+    work = work if work is not None else 20 * mtbf
+    colors = iter(["tab:blue", "tab:orange", "tab:green", "tab:red"])
+    for label, cost in costs.items():
+        color = next(colors)
+        young = young_interval(cost, mtbf)
+        line = [young * 2 ** (e / 8) for e in range(-20, 21)]
+        ax.plot(line, [expected_time(work, i, cost, mtbf, restart) / work - 1 for i in line], color=color,
+                label=label)
+        dots = [young * 2 ** e for e in range(-2, 3)]
+        ax.plot(dots, [simulate_checkpointing(work, i, cost, mtbf, restart, runs=10) / work - 1 for i in dots],
+                "o", ms=4, color=color)
+        ax.axvline(young, color=color, ls="--", lw=1)
+        ax.axvline(daly_interval(cost, mtbf), color=color, ls=":", lw=1)
+    ax.set_xscale("log")
+    ax.set_xlabel(f"checkpoint interval ({unit}); dashed: Young's sqrt(2·δ·M), dotted: Daly's")
+    ax.set_ylabel("share of time lost")
+    ax.set_title(f"failures every {mtbf:g} {unit} on average, restart {restart:g} {unit}: expected (line), "
+                 "simulated (dots)", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.figure.tight_layout()
+    return ax.figure
+
+
+def rng_state() -> dict:
+    """Every random state a training step of this process may draw from: torch's CPU generator, each CUDA device's
+    generator (``torch.cuda.get_rng_state_all()``, an empty list without CUDA), Python's ``random`` and NumPy's
+    global one (None without NumPy). Restore it with ``set_rng_state``."""
+    try:
+        import numpy as np
+        numpy_state = np.random.get_state()
+    except ImportError:
+        numpy_state = None
+    return {"cpu": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "python": random.getstate(), "numpy": numpy_state}
+
+
+def set_rng_state(state: dict) -> None:
+    """Put back what ``rng_state`` returned."""
+    torch.set_rng_state(state["cpu"])
+    if state["cuda"]:
+        torch.cuda.set_rng_state_all(state["cuda"])
+    random.setstate(state["python"])
+    if state["numpy"] is not None:
+        import numpy as np
+        np.random.set_state(state["numpy"])
