@@ -12,7 +12,7 @@ import random
 
 
 def reference_zero_bubble(p: int, m: int) -> list:
-    """ZB-H1 (Qi et al. 2023, arXiv 2401.10241, §3.1): 1F1B's warm-up, then F, B (input gradient) pairs; stage
+    """ZB-H1 (Qi et al., ICLR 2024, arXiv 2401.10241, §3.1): 1F1B's warm-up, then F, B (input gradient) pairs; stage
     ``s`` puts off its first ``s`` weight gradients ``W`` and runs one after every later ``B``, the rest at the end.
     So every stage keeps at most ``p`` micro-batches from ``F`` to ``W``, the first stage's 1F1B peak."""
     out = []
