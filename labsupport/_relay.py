@@ -218,14 +218,11 @@ class Relay(dist.ProcessGroup):
 
 def register(link) -> None:
     """Make ``NAME`` a backend whose groups talk through ``link`` (called once, in the sandbox)."""
-    counter = [0]
-
     def create(opts, _options=None):
         ranks = list(opts.global_ranks_in_group) or list(range(opts.group_size))
         name = str(opts.group_id)
-        if counter[0]:
+        if dist.is_initialized():  # a new group (the default one exists): the host makes the same one
             link("new_group", name, ranks)
-        counter[0] += 1
         return Relay(link, opts.group_rank, opts.group_size, ranks, name)
 
     dist.Backend.register_backend(NAME, create, extended_api=True, devices=["cpu"])

@@ -222,20 +222,23 @@ def test_a_deadlock_report_shows_where_the_students_code_waits():
 
 
 def my_pid(tensor):
-    return os.getpid(), os.getcwd()
+    return os.getpid(), os.getcwd(), dist.get_rank(), dist.get_world_size(), os.environ["RANK"]
 
 
-def test_the_sandbox_ends_with_its_task_and_leaves_nothing():
+def test_the_sandbox_starts_each_task_afresh_and_ends_with_its_worker():
     import psutil
 
-    ranks = run(my_pid, n=2)
-    sandboxes = [r["out"][0] for r in ranks]
-    folders = [r["out"][1] for r in ranks]
-    assert all(s != r["pid"] for s, r in zip(sandboxes, ranks))  # another process than the host
+    first = run(my_pid, n=2)
+    second = run(my_pid, n=3)
+    for ranks, n in ((first, 2), (second, 3)):
+        assert [r["out"][2:] for r in ranks] == [(r, n, str(r)) for r in range(n)]  # the task's rank and size
+        assert all(r["out"][0] != r["pid"] for r in ranks)  # another process than the host
+    sandboxes = {r["out"][0] for r in first + second}
+    folders = {r["out"][1] for r in first + second}
     assert all(os.path.basename(f).startswith("sandbox-") for f in folders), folders  # a private folder
+    labsupport.shutdown()
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(psutil.pid_exists(p) or os.path.exists(f)
-                                               for p, f in zip(sandboxes, folders)):
+    while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in sandboxes):
         time.sleep(0.05)
     assert not any(psutil.pid_exists(p) for p in sandboxes)
     assert not any(os.path.exists(f) for f in folders)
