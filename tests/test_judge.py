@@ -237,3 +237,35 @@ def test_a_forked_judge_runs_in_a_session_of_its_own_and_ends_with_its_grader(sh
         if folder:  # what a grading run's remove_leftovers does for a killed grader
             shutil.rmtree(folder, ignore_errors=True)
     assert psutil.pid_exists(shared_server)
+
+
+def test_a_function_the_judge_calls_runs_in_a_sandbox_with_its_exercises_rules(tmp_path):
+    """A pure function called from a hidden test runs in a one-rank sandbox: the grader's modules are not there
+    (an answer that takes the reference from ``autograder.checks`` fails), and the built-in an exercise rebuilds
+    raises inside its call (09: ``DistributedSampler`` in ``shard_indices``); an honest answer with ordinary habits
+    passes."""
+    from autograder.judge import Judge
+
+    student = [{"label": "answer", "source": (
+        "import sys, functools\n"
+        "from torch.utils.data import DistributedSampler\n\n"
+        "@functools.lru_cache(maxsize=None)\n"
+        "def _half(n):\n    return n // 2\n\n"
+        "def shard_indices(n):\n    return list(DistributedSampler(range(n), num_replicas=2, rank=0, "
+        "shuffle=False))\n\n"
+        "def reference(p, m):\n"
+        "    import importlib\n"
+        "    return importlib.import_module('autograder.checks.overlap.reference').reference_zero_bubble(p, m)\n\n"
+        "def halves(n):\n    print('halving', n, file=sys.stderr)\n    return [_half(n), n - _half(n)]\n")}]
+    tests = [
+        {"grade_id": "t_sampler", "source": "shard_indices(6)"},
+        {"grade_id": "t_reference", "source": "reference(2, 2)"},
+        {"grade_id": "t_honest", "source": "assert halves(5) == [2, 3]"},
+    ]
+    judge = Judge(str(REPO), tmp_path)
+    judge.start({"setup": ["import labsupport"], "student": student, "tests": tests, "timeout": 60})
+    report = judge.result(300)
+    verdicts = {gid: v["passed"] for gid, v in report["tests"].items()}
+    assert verdicts == {"t_sampler": False, "t_reference": False, "t_honest": True}, report
+    assert "shard_indices must not call DistributedSampler" in report["tests"]["t_sampler"]["message"], report
+    assert "grader's modules are not available" in report["tests"]["t_reference"]["message"], report
