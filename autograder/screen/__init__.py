@@ -29,8 +29,10 @@ spell. Each reason says what was found and on which line(s) of the cell.
 
 A flag asks a person to look; it never changes points by itself. Points come from the judge (``judge.py``).
 
-The package: ``rules`` (what is a flag), ``walker`` (the walk over one cell's syntax tree, ``screen_source``); here,
-which cells a student wrote and the flags of a whole notebook (``screen_notebook``).
+The package: ``rules`` (what is a flag), ``walker`` (the walk over one cell's syntax tree, ``screen_source``),
+``bindings`` and ``folding`` (what the cell's names stand for, and the constant strings an expression spells),
+``syntax`` (reading a cell: ``python_source``, ``_imports``, ``_dotted``); here, which cells a student wrote and
+the flags of a whole notebook (``screen_notebook``).
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ from ..execute import cell_label, nbgrader_meta
 from .rules import (ALLOWED_PRIVATE, FILE_CALLS, FLAGGED_ATTRIBUTES, FLAGGED_MODULES, FLAGGED_NAMES, FLAGGED_PATHS,
                     SHARED_MEMORY_ATTRIBUTES, STORE_NAMES, private_internals, torch_c10d)
 # _dotted and _imports too: the judge and the definitions import them from here
-from .walker import _dotted, _imports, _own_private, python_source, screen_source  # noqa: F401
+from .syntax import _dotted, _imports, _own_private, python_source  # noqa: F401
+from .walker import screen_source
 
 __all__ = ["Flag", "screen_notebook", "screen_source", "student_cells", "python_source", "private_internals",
            "torch_c10d", "ALLOWED_PRIVATE", "FILE_CALLS", "FLAGGED_ATTRIBUTES", "FLAGGED_MODULES", "FLAGGED_NAMES",

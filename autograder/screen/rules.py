@@ -3,7 +3,8 @@ private names of the communication stack and of the course's packages (``private
 count as inside the notebook's folder.
 
 A path, a name or an attribute counts however it is spelled: ``getattr(x, "tb_" + "frame")`` is screened as
-``x.tb_frame`` (the walker folds constant strings), so each table here says what is flagged, not how it is written.
+``x.tb_frame`` (``folding.py`` folds constant strings), so each table here says what is flagged, not how it is
+written.
 """
 
 from __future__ import annotations
