@@ -15,9 +15,9 @@ from __future__ import annotations
 import ast
 
 from .bindings import _Bindings
-from .rules import (COMPUTED_NAMES_ALLOWED, FILE_CALLS, FLAGGED_ATTRIBUTES, FLAGGED_NAMES, SHARED_MEMORY_ATTRIBUTES,
-                    _private, allowed_private_path, path_reason, private_internals, shared_memory_reason,
-                    string_reason, torch_internals)
+from .rules import (COMPUTED_NAMES_ALLOWED, FILE_CALLS, FLAGGED_ATTRIBUTES, FLAGGED_KEYWORDS, FLAGGED_NAMES,
+                    REBINDABLE, SHARED_MEMORY_ATTRIBUTES, _private, allowed_private_path, path_reason,
+                    private_internals, shared_memory_reason, string_reason, torch_internals)
 from .syntax import _dotted, _imports, _own_private, _shown, python_source
 
 #: Builtins that reach an attribute by name: (its argument holding the object, the one holding the name).
@@ -40,6 +40,7 @@ class _Screen(ast.NodeVisitor):
         self.found: dict[str, list[int]] = {}
         self.private_copies: set[int] = set()  # from_file attributes of calls that map a file privately
         self.called: set[int] = set()          # names called directly (getattr(x, "n"), not map(getattr, ...))
+        self.membership: set[int] = set()      # sys.modules on the right of `in`: whether a module is imported
 
     @property
     def reasons(self) -> list[str]:
@@ -96,7 +97,17 @@ class _Screen(ast.NodeVisitor):
         self.generic_visit(node)
 
     # names and attributes -----------------------------------------------------------------------------------
+    def visit_Compare(self, node):
+        # `"torch" in sys.modules` asks whether a module is imported and reaches none: the one use that is no flag
+        if all(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
+            for right in node.comparators:
+                if self._module_path(_dotted(right)) == "sys.modules":
+                    self.membership.add(id(right))
+        self.generic_visit(node)
+
     def visit_Name(self, node):
+        if id(node) in self.membership:
+            return
         self.add(FLAGGED_NAMES.get(node.id), node)
         if node.id in _BY_NAME and id(node) not in self.called and node.id not in self.modules:
             self.add(f"passes {node.id} around as a value (the names it reaches are not seen)", node)
@@ -107,7 +118,8 @@ class _Screen(ast.NodeVisitor):
             self._check_path(self.bindings.aliases[node.id], node)
 
     def visit_Attribute(self, node):
-        self._attribute(node.value, node.attr, node)
+        if id(node) not in self.membership:
+            self._attribute(node.value, node.attr, node)
         self.generic_visit(node)
 
     def _attribute(self, base, attr: str, node, spelled: str | None = None) -> None:
@@ -204,7 +216,7 @@ class _Screen(ast.NodeVisitor):
         elif isinstance(target, (ast.Attribute, ast.Subscript)):
             parts = _dotted(target.value if isinstance(target, ast.Subscript) else target)
             path = self._module_path(parts) if parts else None
-            if path:
+            if path and path not in REBINDABLE:
                 module = path.rsplit('.', 1)[0] if isinstance(target, ast.Attribute) else path
                 self.add(f"rebinds an attribute of module {module}", target)
 
@@ -236,6 +248,10 @@ class _Screen(ast.NodeVisitor):
                 self.private_copies.add(id(node.func))
         self._folded_string(node)
         self._attribute_calls(node)
+        for keyword in node.keywords:
+            if keyword.arg in FLAGGED_KEYWORDS and not (isinstance(keyword.value, ast.Constant)
+                                                        and not keyword.value.value):
+                self.add(FLAGGED_KEYWORDS[keyword.arg], node)
         parts = _dotted(node.func)
         if parts:
             if len(parts) == 1:
@@ -274,6 +290,8 @@ class _Screen(ast.NodeVisitor):
             if base is not None:
                 self._by_name(base, args[0], node)             # vars(x).get("name"), x.__dict__.pop("name")
         path = self.bindings.module_of(func) or ""
+        if path == "inspect.getattr_static" and len(args) >= 2:
+            self._by_name(args[0], args[1], node)              # inspect.getattr_static(x, "name")
         if path in ("operator.attrgetter", "operator.methodcaller"):
             for arg in args[:1] if path.endswith("methodcaller") else args:
                 for text in sorted(self.bindings.fold(arg) or ()):
