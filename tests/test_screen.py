@@ -97,6 +97,10 @@ CHEATS = {
     "sys.modules, aliased": ("import sys as s\nmods = s.modules", "uses sys.modules"),
     "sys.modules, from-import": ("from sys import modules\nm = modules['torch']", "uses sys.modules on lines 1 and 2"),
     "sys.modules, bound to a name": ("import sys\ndef f():\n    s = sys\n    return s.modules", "uses sys.modules"),
+    "sys.modules, after a membership test": ("import sys\nif 'torch' in sys.modules:\n    t = sys.modules['torch']",
+                                            "uses sys.modules on line 3"),
+    "sys.modules written": ("import sys\nsys.modules['torch.distributed'] = None",
+                            "rebinds an attribute of module sys.modules"),
     "import hook": ("import sys\nsys.meta_path.insert(0, object())", "changes how modules are imported"),
     "__import__": ("m = __import__('auto' + 'grader')", "calls __import__"),
     "__code__ swap": ("def f():\n    pass\nf.__code__ = (lambda: 1).__code__", "touches __code__"),
@@ -109,8 +113,28 @@ CHEATS = {
     "importlib": ("import importlib\nm = importlib.import_module('os')", "uses importlib"),
     "ctypes": ("import ctypes", "uses ctypes"),
     "gc": ("import gc\nobjs = gc.get_objects()", "uses gc"),
-    "inspect": ("import inspect\nframe = inspect.currentframe()", "uses inspect"),
-    "frames": ("import sys\nframe = sys._getframe(1).f_globals", "private name"),
+    "inspect.currentframe": ("import inspect\nframe = inspect.currentframe()",
+                             "reads the stack's frames (inspect.currentframe) on line 2"),
+    "inspect.stack": ("import inspect\ndef f():\n    return inspect.stack()[1].frame",
+                      "reads the stack's frames (inspect.stack)"),
+    "inspect.trace": ("import inspect\ndef f():\n    return inspect.trace()",
+                      "reads the stack's frames (inspect.trace)"),
+    "inspect.getouterframes, from-import": ("from inspect import getouterframes",
+                                            "reads the stack's frames (inspect.getouterframes)"),
+    "inspect.currentframe, folded": ("import inspect\nf = getattr(inspect, 'current' + 'frame')()",
+                                     "reads the stack's frames (inspect.currentframe), written as getattr"),
+    "inspect.getgeneratorlocals": ("import inspect\ndef f(g):\n    return inspect.getgeneratorlocals(g)",
+                                   "reads the stack's frames (inspect.getgeneratorlocals)"),
+    "inspect.getclosurevars": ("import inspect\ndef f(g):\n    return inspect.getclosurevars(g).nonlocals",
+                               "closures directly (inspect.getclosurevars)"),
+    "inspect.unwrap": ("import inspect\ndef f(g):\n    return inspect.unwrap(g)",
+                       "the original function behind a wrapper (inspect.unwrap)"),
+    "inspect.getmembers": ("import inspect\nm = inspect.getmembers(dist)", "(inspect.getmembers)"),
+    "inspect.getattr_static": ("import inspect\ndef f(e):\n    return inspect.getattr_static(e, 'tb_' + 'frame')",
+                               "reads a frame (tb_frame), written as inspect.getattr_static"),
+    "frames": ("import sys\nframe = sys._getframe(1).f_globals", "reads the stack's frames (sys._getframe)"),
+    "frames, private name": ("import sys\nframe = sys._getframe(1)", "private name (sys._getframe)"),
+    "frames of other threads": ("import sys\nframes = sys._current_frames()", "(sys._current_frames)"),
     "get_ipython": ("ip = get_ipython()", "uses get_ipython"),
     "magic": ("%load_ext something", "uses get_ipython"),
     "shell escape": ("!rm -rf /", "uses get_ipython"),
@@ -118,6 +142,7 @@ CHEATS = {
     "private name of a process group": ("def f(pg, t):\n    pg._get_backend(t.device).allreduce([t])",
                                         "private name (pg._get_backend)"),
     "rebinding torch.distributed": ("dist.all_reduce = lambda t: None", "rebinds an attribute of module torch"),
+    "rebinding sys": ("import sys\nsys.excepthook = print", "rebinds an attribute of module sys"),
     "private backend object": ("def f(t):\n    dist.group.WORLD._get_backend(torch.device('cpu')).allreduce([t])",
                                "private name (dist.group.WORLD._get_backend)"),
     "functional collective": ("from torch.distributed._functional_collectives import all_to_all_single",
@@ -125,6 +150,12 @@ CHEATS = {
     "functional collective, attribute": ("def f(x):\n    return torch.distributed._functional_collectives.a(x)",
                                          "private name"),
     "torch._C": ("x = torch._C._distributed_c10d.ProcessGroup", "private name (torch._C"),
+    "torch.ops.c10d": ("def f(t):\n    torch.ops.c10d.allreduce_([t], dist.group.WORLD)",
+                       "calls c10d's operators directly, beside torch.distributed (torch.ops.c10d)"),
+    "torch.ops.c10d, folded": ("def f(t):\n    getattr(torch.ops, 'c1' + '0d').allreduce_([t])",
+                               "(torch.ops.c10d), written as getattr"),
+    "torch.ops._c10d_functional": ("def f(t):\n    return torch.ops._c10d_functional.all_reduce(t, 'sum', '0')",
+                                   "calls functional collectives' operators (torch.ops._c10d_functional)"),
     "private labsupport": ("from labsupport import _pool", "private module or name (labsupport._pool)"),
     "captured original": ("f = getattr(dist, 'all_' + 'reduce')", "computed name"),
     "file outside the folder": ("open('/home/x/answers.txt').read()", "outside the notebook's folder"),
@@ -220,9 +251,19 @@ CHEATS = {
     "torch.multiprocessing": ("import torch.multiprocessing as tmp", "uses torch.multiprocessing"),
     "traceback.walk_stack": ("import traceback\nfor frame, _ in traceback.walk_stack(None):\n    pass",
                              "reads the stack's frames (traceback.walk_stack) on line 2"),
-    "traceback.extract_stack": ("from traceback import extract_stack", "traceback.extract_stack"),
-    "__traceback__": ("def f(e):\n    return e.__traceback__.tb_next", "reaches a traceback (__traceback__)"),
-    "sys.exc_info": ("import sys\ndef f():\n    return sys.exc_info()[2]", "reaches a traceback (sys.exc_info)"),
+    "traceback.walk_tb": ("import traceback\ndef f(e):\n    for frame, _ in traceback.walk_tb(e.__traceback__):\n"
+                          "        frame.f_locals", "reads the stack's frames (traceback.walk_tb) on line 3"),
+    "traceback.walk_stack, from-import": ("from traceback import walk_stack", "(traceback.walk_stack)"),
+    "traceback.clear_frames": ("import traceback\ndef f(e):\n    traceback.clear_frames(e.__traceback__)",
+                               "(traceback.clear_frames)"),
+    "capture_locals": ("import traceback\ndef f(e):\n"
+                       "    return traceback.TracebackException.from_exception(e, capture_locals=True)",
+                       "reads the variables of the stack's frames (capture_locals) on line 3"),
+    "a traceback's frame": ("def f(e):\n    return e.__traceback__.tb_frame", "reads a frame (tb_frame)"),
+    "a traceback's next": ("def f(e):\n    return e.__traceback__.tb_next", "reads a frame (tb_next)"),
+    "sys.exc_info's frame": ("import sys\ndef f():\n    return sys.exc_info()[2].tb_frame.f_back",
+                             "reads a frame (tb_frame)"),
+    "the session's last error": ("import sys\ntb = sys.last_traceback", "(sys.last_traceback)"),
     "frame of a generator": ("def f(g):\n    return g.gi_frame.f_locals", "reads a frame (gi_frame)"),
     "threading.settrace": ("import threading\nthreading.settrace(print)", "installs a trace or profile hook"),
     "sys.settrace": ("import sys\nsys.settrace(print)", "installs a trace or profile hook (sys.settrace)"),
@@ -284,6 +325,78 @@ def test_cheat_is_flagged(name):
 ])
 def test_honest_code_is_not_flagged(source):
     assert screen_source(source, MODULES) == []
+
+
+#: What honest answers do every day: none of it has a flag (the screen flags only what has no honest use).
+ORDINARY_HABITS = {
+    "print to stdout": "def f(x):\n    print(f'x = {x!r:>10}', flush=True)\n    return x",
+    "print to stderr": "import sys\ndef f(x):\n    print('warning:', x, file=sys.stderr)\n    sys.stderr.flush()",
+    "sys.stdout.write": "import sys\nsys.stdout.write('done\\n')",
+    "sys.stdout rebound and restored": "import io, sys\nold, sys.stdout = sys.stdout, io.StringIO()\n"
+                                       "print('quiet')\nsys.stdout = old",
+    "traceback.print_exc": "import traceback\ndef f(g):\n    try:\n        return g()\n    except Exception:\n"
+                           "        traceback.print_exc()\n        raise",
+    "traceback.format_exc": "import traceback\ndef f(g):\n    try:\n        return g()\n    except Exception:\n"
+                            "        print(traceback.format_exc(), end='')",
+    "traceback.print_exception": "import traceback\ndef f(g):\n    try:\n        g()\n    except Exception as e:\n"
+                                 "        traceback.print_exception(type(e), e, e.__traceback__)",
+    "sys.exc_info printed": "import sys, traceback\ntry:\n    x = 1 / 0\nexcept ZeroDivisionError:\n"
+                            "    traceback.print_exception(*sys.exc_info())",
+    "a stack printed": "import traceback\ndef f():\n    traceback.print_stack()\n"
+                       "    return traceback.format_stack()[-1], traceback.extract_stack(limit=2)",
+    "sys.argv and sys.version_info": "import sys\nif sys.version_info >= (3, 10) and len(sys.argv) > 0:\n    pass",
+    "'torch' in sys.modules": "import sys\nhave_torch = 'torch' in sys.modules",
+    "inspect.signature": "import inspect\ndef f(fn):\n    return list(inspect.signature(fn).parameters)",
+    "inspect.getsource": "import inspect\ndef show(fn):\n    print(inspect.getsource(fn))",
+    "from inspect import": "from inspect import signature, isfunction\ndef f(fn):\n"
+                           "    return isfunction(fn) and len(signature(fn).parameters)",
+    "os.environ.get and os.path": "import os\nrank = int(os.environ.get('RANK', '0'))\n"
+                                  "name = os.path.join('out', os.path.basename('a/b.txt'))\nok = os.path.exists(name)",
+    "@functools.lru_cache": "import functools\n@functools.lru_cache(maxsize=None)\ndef chunk_sizes(n, k):\n"
+                            "    return tuple(n // k + (i < n % k) for i in range(k))",
+    "@functools.cache": "from functools import cache\n@cache\ndef fib(n):\n"
+                        "    return n if n < 2 else fib(n - 1) + fib(n - 2)",
+    "@functools.wraps": "import functools\ndef logged(fn):\n    @functools.wraps(fn)\n    def inner(*a, **k):\n"
+                        "        return fn(*a, **k)\n    return inner",
+    "functools.partial and reduce": "import functools, operator\nadd = functools.partial(operator.add, 1)\n"
+                                    "total = functools.reduce(operator.mul, [1, 2, 3])",
+    "@dataclass": "from dataclasses import dataclass, field\n@dataclass\nclass Plan:\n    tp: int\n"
+                  "    dp: int = 1\n    groups: list = field(default_factory=list)",
+    "@staticmethod, @classmethod, @property": "class Grid:\n    @staticmethod\n    def size(a, b):\n"
+                                             "        return a * b\n    @classmethod\n    def make(cls):\n"
+                                             "        return cls()\n    @property\n    def n(self):\n        return 1",
+    "a class with __repr__": "class Bucket:\n    def __init__(self):\n        self.params = []\n"
+                             "    def __repr__(self):\n        return f'Bucket({len(self.params)})'",
+    "warnings.warn": "import warnings\ndef f(n):\n    if n % 2:\n        warnings.warn('odd size', RuntimeWarning)\n"
+                     "    with warnings.catch_warnings():\n        warnings.simplefilter('ignore')",
+    "logging": "import logging\nlog = logging.getLogger(__name__)\nlogging.basicConfig(level=logging.INFO)\n"
+               "log.info('rank %d', 0)",
+    "time.perf_counter": "import time\nstart = time.perf_counter()\ntime.sleep(0.01)\n"
+                         "elapsed = time.perf_counter() - start",
+    "itertools": "import itertools\npairs = list(itertools.product(range(2), repeat=2))\n"
+                 "flat = list(itertools.chain.from_iterable([[1], [2]]))",
+    "typing": "from typing import Callable, List, Optional\ndef f(x: Optional[List[int]] = None) -> Callable:\n"
+              "    return print",
+    "collections": "from collections import Counter, OrderedDict, defaultdict, deque\nd = defaultdict(list)\n"
+                   "q = deque(maxlen=3)\nc = Counter('abc')",
+    "math": "import math\nn = math.ceil(10 / 3) + math.prod([2, 3]) + int(math.log2(8))",
+    "assert with a message": "def f(x, n):\n    assert x.numel() % n == 0, f'numel {x.numel()} not divisible by {n}'",
+    "comprehensions": "def f(n):\n    d = {i: i * i for i in range(n)}\n    s = {i % 2 for i in range(n)}\n"
+                      "    return [v for v in d.values() if v], sum(x for x in s)",
+    "contextlib.redirect_stdout": "import contextlib, io\nbuf = io.StringIO()\n"
+                                  "with contextlib.redirect_stdout(buf):\n    print('hidden')",
+    "copy and json": "import copy, json\nstate = copy.deepcopy({'a': [1]})\ntext = json.dumps(state)",
+    "random and numpy": "import random\nimport numpy as np\nrandom.seed(0)\nx = np.arange(4).reshape(2, 2)",
+    "enum and abc": "import abc, enum\nclass Kind(enum.Enum):\n    F = 'F'\n    B = 'B'\n"
+                    "class Base(abc.ABC):\n    @abc.abstractmethod\n    def step(self):\n        ...",
+    "the collectives": "import torch.distributed as dist\ndef f(t):\n    dist.all_reduce(t, op=dist.ReduceOp.SUM)\n"
+                       "    return t / dist.get_world_size()",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ORDINARY_HABITS))
+def test_ordinary_student_habits_are_not_flagged(name):
+    assert screen_source(ORDINARY_HABITS[name], SETUP_MODULES) == []
 
 
 def test_what_syntax_hides_is_flagged_as_the_syntax():

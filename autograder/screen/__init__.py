@@ -8,29 +8,39 @@ cells, cells they added, unlocked cells they changed) and returns ``Flag(cell, r
 * private names of other code (an underscore-prefixed attribute of a module, or a private name of
   ``torch.distributed``, c10d or ``labsupport`` on any object but the cell's own ``self``: ``_get_backend``,
   ``torch._C``, ``torch.distributed._functional_collectives``), however the cell binds that name itself;
-* what records or carries communication beside the collectives: ``labsupport.tap``, the rendezvous store
-  (``TCPStore``, ``FileStore``, ``HashStore``, ``PrefixStore``, ``_get_default_store``, ``_store_based_barrier``,
-  ``dist.rendezvous``), sockets, ``mmap``, ``multiprocessing`` (its shared memory too), a tensor's shared storage
-  (``share_memory_``, ``untyped_storage()._share_*``, ``torch.from_file`` outside the folder it was given);
-* the interpreter's internals: ``sys.modules``, ``builtins``/``__builtins__``, ``__code__``, ``__globals__``,
-  ``__closure__``/``cell_contents``, ``__wrapped__``, ``__defaults__``, frames and tracebacks (``tb_frame``,
-  ``f_back``, ``f_locals``, ``gi_frame``, ``__traceback__``, ``sys.exc_info``, ``traceback.walk_stack``, ...),
-  trace and profile hooks (``sys.settrace``, ``threading.settrace``), ``exec``/``eval``/``compile``/
-  ``__import__``, ``importlib``, ``ctypes``, ``gc``, ``inspect``, ``marshal``, unpickling, ``globals()``/``vars()``;
+* what records or carries communication beside the collectives: ``labsupport.tap``, c10d's operators
+  (``torch.ops.c10d``, ``torch.ops._c10d_functional``), the rendezvous store (``TCPStore``, ``FileStore``,
+  ``HashStore``, ``PrefixStore``, ``_get_default_store``, ``_store_based_barrier``, ``dist.rendezvous``), sockets,
+  ``mmap``, ``multiprocessing`` (its shared memory too), a tensor's shared storage (``share_memory_``,
+  ``untyped_storage()._share_*``, ``torch.from_file`` outside the folder it was given);
+* the interpreter's internals: ``sys.modules`` (all but ``name in sys.modules``), ``builtins``/``__builtins__``,
+  ``__code__``, ``__globals__``, ``__closure__``/``cell_contents``, ``__wrapped__``, ``__defaults__``, frames
+  (``sys._getframe``, ``inspect.currentframe``/``stack``/``trace``, ``tb_frame``, ``f_back``, ``f_locals``,
+  ``gi_frame``, ``traceback.walk_stack``/``walk_tb``, ``capture_locals=True``, ...), trace and profile hooks
+  (``sys.settrace``, ``threading.settrace``), ``exec``/``eval``/``compile``/``__import__``, ``importlib``,
+  ``ctypes``, ``gc``, ``marshal``, unpickling, ``globals()``/``vars()``;
 * rebinding what a module holds: assigning, deleting or ``setattr``-ing an attribute of an imported module;
 * processes and files: ``subprocess``, ``os.system``, ``os.kill``, signals, raw file descriptors, ``/proc`` and
   ``/dev/shm`` paths, and any file opened, written or removed outside the notebook's folder (a path that is not a
   plain relative constant, nor under a folder one of the cell's functions is handed).
 
+Never a flag by itself: what honest answers do every day, ``inspect`` (``signature``, ``getsource``), tracebacks
+printed or formatted in an ``except`` (``traceback.print_exc``, ``format_exc``, ``sys.exc_info``, ``__traceback__``),
+``sys.stdout``/``sys.stderr`` (printed to, or rebound), ``sys.argv``, reading ``os.environ``, ``os.path``, decorators of
+``functools``, ``warnings``, ``logging``, ``typing``, ``dataclasses``, ``itertools``, ``collections``, ``math``,
+``time`` (``tests/test_screen.py`` holds a corpus of them).
+
 What syntax hides counts as the syntax: ``getattr``/``setattr``/``hasattr``/``delattr``, ``vars(x)[...]``,
-``x.__dict__[...]``, ``object.__getattribute__`` and ``operator.attrgetter`` with a constant name, or one folded
-from constants (``"tb_" + "frame"``, an f-string, a name bound to constants), are screened as the attribute they
-spell. Each reason says what was found and on which line(s) of the cell.
+``x.__dict__[...]``, ``object.__getattribute__``, ``inspect.getattr_static`` and ``operator.attrgetter`` with a
+constant name, or one folded from constants (``"tb_" + "frame"``, an f-string, a name bound to constants), are
+screened as the attribute they spell. Each reason says what was found and on which line(s) of the cell.
 
 A flag asks a person to look; it never changes points by itself. Points come from the judge (``judge.py``).
 
-The package: ``rules`` (what is a flag), ``walker`` (the walk over one cell's syntax tree, ``screen_source``); here,
-which cells a student wrote and the flags of a whole notebook (``screen_notebook``).
+The package: ``rules`` (what is a flag), ``walker`` (the walk over one cell's syntax tree, ``screen_source``),
+``bindings`` and ``folding`` (what the cell's names stand for, and the constant strings an expression spells),
+``syntax`` (reading a cell: ``python_source``, ``_imports``, ``_dotted``); here, which cells a student wrote and
+the flags of a whole notebook (``screen_notebook``).
 """
 
 from __future__ import annotations
@@ -42,7 +52,8 @@ from ..execute import cell_label, nbgrader_meta
 from .rules import (ALLOWED_PRIVATE, FILE_CALLS, FLAGGED_ATTRIBUTES, FLAGGED_MODULES, FLAGGED_NAMES, FLAGGED_PATHS,
                     SHARED_MEMORY_ATTRIBUTES, STORE_NAMES, private_internals, torch_c10d)
 # _dotted and _imports too: the judge and the definitions import them from here
-from .walker import _dotted, _imports, _own_private, python_source, screen_source  # noqa: F401
+from .syntax import _dotted, _imports, _own_private, python_source  # noqa: F401
+from .walker import screen_source
 
 __all__ = ["Flag", "screen_notebook", "screen_source", "student_cells", "python_source", "private_internals",
            "torch_c10d", "ALLOWED_PRIVATE", "FILE_CALLS", "FLAGGED_ATTRIBUTES", "FLAGGED_MODULES", "FLAGGED_NAMES",

@@ -3,7 +3,8 @@ private names of the communication stack and of the course's packages (``private
 count as inside the notebook's folder.
 
 A path, a name or an attribute counts however it is spelled: ``getattr(x, "tb_" + "frame")`` is screened as
-``x.tb_frame`` (the walker folds constant strings), so each table here says what is flagged, not how it is written.
+``x.tb_frame`` (``folding.py`` folds constant strings), so each table here says what is flagged, not how it is
+written.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ FLAGGED_MODULES = {
     "ctypes": "uses ctypes",
     "cffi": "uses cffi (native code and memory)",
     "gc": "uses gc (the garbage collector's view of every object)",
-    "inspect": "uses inspect",
     "subprocess": "starts processes (subprocess)",
     "signal": "handles signals",
     "socket": "opens sockets (socket)",
@@ -47,7 +47,7 @@ _SIGNAL = "sends a signal ({})"
 _SHELL = "runs a shell command ({})"
 _PROCESS = "starts or replaces a process ({})"
 _TRACE = "installs a trace or profile hook ({})"
-_TRACEBACK = "reads the stack's frames ({})"
+_STACK = "reads the stack's frames ({})"
 _RAW_FD = "reads or writes a raw file descriptor ({})"
 _CODE = "builds or reads code, frames or closures directly ({})"
 _UNPICKLE = "unpickles bytes, which can run any code ({})"
@@ -78,15 +78,26 @@ FLAGGED_PATHS = {
     "sys.meta_path": "changes how modules are imported (sys.meta_path)",
     "sys.path_hooks": "changes how modules are imported (sys.path_hooks)",
     "sys.path_importer_cache": "changes how modules are imported (sys.path_importer_cache)",
+    "sys._getframe": "reads the stack's frames (sys._getframe)",
+    "sys._current_frames": "reads the stack's frames (sys._current_frames)",
     "sys.settrace": _TRACE.format("sys.settrace"), "sys.setprofile": _TRACE.format("sys.setprofile"),
     "sys.monitoring": _TRACE.format("sys.monitoring"), "sys.addaudithook": "installs an audit hook (sys.addaudithook)",
     "threading.settrace": _TRACE.format("threading.settrace"),
     "threading.setprofile": _TRACE.format("threading.setprofile"),
     "threading.settrace_all_threads": _TRACE.format("threading.settrace_all_threads"),
     "threading.setprofile_all_threads": _TRACE.format("threading.setprofile_all_threads"),
-    "sys.exc_info": "reaches a traceback (sys.exc_info)", "sys.exception": "reaches a traceback (sys.exception)",
-    "sys.last_traceback": "reaches a traceback (sys.last_traceback)",
-    "sys.last_exc": "reaches a traceback (sys.last_exc)", "sys.last_value": "reaches a traceback (sys.last_value)",
+    "sys.last_traceback": "reaches the session's last uncaught error (sys.last_traceback)",
+    "sys.last_exc": "reaches the session's last uncaught error (sys.last_exc)",
+    "sys.last_value": "reaches the session's last uncaught error (sys.last_value)",
+    "inspect.getclosurevars": _CODE.format("inspect.getclosurevars"),
+    "inspect.unwrap": "reaches the original function behind a wrapper (inspect.unwrap)",
+    "inspect.getmembers": "reaches every attribute by the names dir() lists (inspect.getmembers)",
+    "inspect.getmembers_static": "reaches every attribute by the names dir() lists (inspect.getmembers_static)",
+    "torch.ops.c10d": "calls c10d's operators directly, beside torch.distributed (torch.ops.c10d)",
+    "torch.ops.c10d_functional": "calls functional collectives' operators (torch.ops.c10d_functional)",
+    "torch.ops._c10d_functional": "calls functional collectives' operators (torch.ops._c10d_functional)",
+    "torch.ops._c10d_functional_autograd": "calls functional collectives' operators "
+                                           "(torch.ops._c10d_functional_autograd)",
     "pickle.loads": _UNPICKLE.format("pickle.loads"), "pickle.load": _UNPICKLE.format("pickle.load"),
     "pickle.Unpickler": _UNPICKLE.format("pickle.Unpickler"),
     "types.CodeType": _CODE.format("types.CodeType"), "types.FunctionType": _CODE.format("types.FunctionType"),
@@ -99,9 +110,13 @@ for _name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "execv", "execve
 for _name in ("read", "write", "pread", "pwrite", "readv", "writev", "sendfile", "fdopen", "dup", "dup2", "pipe",
               "pipe2", "memfd_create", "mkfifo", "openpty", "splice", "copy_file_range"):
     FLAGGED_PATHS[f"os.{_name}"] = _RAW_FD.format(f"os.{_name}")
-for _name in ("walk_stack", "walk_tb", "extract_stack", "extract_tb", "StackSummary", "FrameSummary",
-              "TracebackException", "print_stack", "format_stack", "clear_frames"):
-    FLAGGED_PATHS[f"traceback.{_name}"] = _TRACEBACK.format(f"traceback.{_name}")
+# a stack or a traceback printed, formatted or summarised (print_exc, format_exc, extract_tb, print_stack) is text:
+# what reaches frames is flagged (walk_stack, walk_tb, clear_frames; capture_locals in FLAGGED_KEYWORDS)
+for _name in ("walk_stack", "walk_tb", "clear_frames"):
+    FLAGGED_PATHS[f"traceback.{_name}"] = _STACK.format(f"traceback.{_name}")
+for _name in ("currentframe", "stack", "trace", "getouterframes", "getinnerframes", "getgeneratorlocals",
+              "getcoroutinelocals", "getasyncgenlocals"):
+    FLAGGED_PATHS[f"inspect.{_name}"] = _STACK.format(f"inspect.{_name}")
 _STORE = "reaches the rendezvous store ({})"
 #: The rendezvous store's classes and functions: a flag wherever they are named (attribute, import or name).
 STORE_NAMES = {name: _STORE.format(name) for name in (
@@ -124,13 +139,17 @@ FLAGGED_ATTRIBUTES = {
     "__defaults__": "touches __defaults__", "__kwdefaults__": "touches __kwdefaults__",
     "__subclasses__": "touches __subclasses__", "__import__": "calls __import__",
     "__loader__": "touches __loader__", "__spec__": "touches __spec__",
-    "__traceback__": "reaches a traceback (__traceback__)",
     **{name: _FRAME.format(name) for name in (
         "f_globals", "f_locals", "f_back", "f_builtins", "f_code", "f_trace", "f_lasti", "tb_frame", "tb_next",
         "gi_frame", "gi_code", "gi_yieldfrom", "cr_frame", "cr_code", "cr_await", "ag_frame", "ag_code")},
     **STORE_NAMES,
     "modules": None,  # sys.modules: see the walker
 }
+#: Keyword arguments that are a flag in any call unless they are a false constant: what they ask for has no honest
+#: use (``traceback.TracebackException(..., capture_locals=True)`` keeps the repr of every frame's variables).
+FLAGGED_KEYWORDS = {"capture_locals": "reads the variables of the stack's frames (capture_locals)"}
+#: Paths that may be rebound although they are a module's attributes: where prints go.
+REBINDABLE = {"sys.stdout", "sys.stderr"}
 #: Attributes of tensors and storages that share memory with other processes or map files: a flag on any object.
 SHARED_MEMORY_ATTRIBUTES = {"share_memory_", "share_memory", "_share_memory_", "from_file", "_share_fd_cpu_",
                             "_share_filename_cpu_", "_share_cuda_", "_new_shared", "_new_shared_cuda",
