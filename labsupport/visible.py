@@ -12,9 +12,10 @@ work, nor while the autograder grades (the hidden tests decide then). Under nbgr
 notebook in a fresh kernel, every cell even after an error, and lists the graded cells that failed) the last
 exercise's cell fails unless every exercise passed, with one report: a line per exercise (passes / not started /
 fails and the first line of its message), then the details of the first failure. The other exercises' cells stay
-quiet, so the dialog shows that report once instead of a traceback per exercise. (The order of the exercises comes
-from the notebook Validate runs, in the kernel's folder; when it cannot be told, each exercise's cell fails on its
-own, with its own line.)
+quiet, so the dialog shows that report once instead of a traceback per exercise, and ``checklist_first`` (run by
+Validate's executor) makes the checklist the first thing under nbgrader's "The following cell failed:" instead of
+that hidden-test cell's source. (The order of the exercises comes from the notebook Validate runs, in the kernel's
+folder; when it cannot be told, each exercise's cell fails on its own, with its own line.)
 
 With ``LABSUPPORT_GRADING=1`` (``python -m autograder check``, grading) nothing is swallowed: an unimplemented
 exercise fails its visible test, as it should when counting points.
