@@ -6,7 +6,8 @@ only what a student needs:
 
 * ``notebooks/`` (the release: answer cells replaced by stubs, hidden tests cut out), ``labsupport/``, and
   ``demos/``, the notebooks for runtimes with GPUs;
-* ``autograder/`` without ``checks/``: ``python -m autograder check NOTEBOOK`` runs the visible tests there;
+* ``autograder/`` without ``checks/``: ``python -m autograder check NOTEBOOK`` runs the visible tests there, and its
+  command line offers ``check`` only (the instructor's commands say that they need the course repository);
 * ``course``, ``pyproject.toml``, ``environment.yml``, a ``.gitignore`` and a README written for students;
 * ``nbgrader_config.py`` (the course's settings for the Validate button) and ``.jupyter/``, the Jupyter config
   folder ``./course lab`` adds to ``JUPYTER_CONFIG_PATH``: it turns off nbgrader's instructor tools (formgrader,
