@@ -1,4 +1,6 @@
-"""Command line: ``python -m autograder {release,grade,merge,student-edition,check} ...`` (``--help`` on each)."""
+"""Command line: ``python -m autograder {release,grade,merge,student-edition,check} ...`` (``--help`` on each).
+
+A student edition (no ``autograder/checks/``) offers ``check`` only, and says so when asked for the others."""
 
 from __future__ import annotations
 
@@ -45,13 +47,36 @@ def _shard(text: str) -> tuple[int, int]:
     return k, n
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: The commands that need the course repository (solutions/, the hidden checks in autograder/checks/): a student
+#: edition has only ``check``.
+INSTRUCTOR_COMMANDS = ("release", "grade", "merge", "student-edition")
+#: The package's name on pip (pyproject.toml), for the install lines the errors give.
+DISTRIBUTION = "distributed-training-course"
+
+
+def in_student_edition() -> bool:
+    """This copy of the package is a student edition's (``python -m autograder student-edition``): it has no hidden
+    checks, so only ``check`` can work."""
+    return not (Path(__file__).resolve().parent / "checks").is_dir()
+
+
+def build_parser(edition: bool | None = None) -> argparse.ArgumentParser:
+    """The command line; in a student edition (``edition``, by default told from this copy) only ``check``."""
+    edition = in_student_edition() if edition is None else edition
     parser = argparse.ArgumentParser(
         prog="python -m autograder",
-        description="Release, grade and check the course's nbgrader notebooks.",
+        description="Check a notebook of the course before handing it in (student edition: the instructor's "
+                    "commands are not part of it)." if edition else
+                    "Release, grade and check the course's nbgrader notebooks.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    if not edition:
+        _add_instructor_commands(sub)
+    _add_check(sub)
+    return parser
 
+
+def _add_instructor_commands(sub) -> None:
     p = sub.add_parser("release", help="regenerate notebooks/ from solutions/",
                        description="Regenerate the student notebooks (notebooks/ID/) from the nbgrader sources "
                                    "(solutions/ID/) with nbgrader generate_assignment. The output has no "
@@ -103,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "of (default: the repository's default branch; the Colab links then name main)")
     _add_course(p)
 
+
+def _add_check(sub) -> None:
     p = sub.add_parser("check", help="run a notebook's tests and print its score and the grader's messages",
                        description="Run NOTEBOOK top to bottom in a fresh kernel (in the notebook's folder, with "
                                    "LABSUPPORT_GRADING=1) and report, per exercise, whether its tests pass. Where "
@@ -115,11 +142,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="course root holding solutions/ and notebooks/ (default: this repository)")
     p.add_argument("--cell-timeout", metavar="S", type=_positive, default=CELL_TIMEOUT,
                    help=f"seconds a cell may run before it is interrupted (default: {CELL_TIMEOUT})")
-    return parser
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    edition = in_student_edition()
+    if edition and argv and argv[0] in INSTRUCTOR_COMMANDS:
+        print(f"error: `python -m autograder {argv[0]}` is one of the instructor's commands, which need the course "
+              "repository (solutions/ and the hidden checks in autograder/checks/); this is the student edition, "
+              "which has neither. Here you check a notebook: python -m autograder check notebooks/ID/ID.ipynb",
+              file=sys.stderr)
+        return 2
+    args = build_parser(edition).parse_args(argv)
     from .course import Course, CourseError
 
     try:
@@ -167,8 +201,7 @@ def main(argv=None) -> int:
         if exc.name not in _LAB_MODULES:
             raise
         print(f"error: `python -m autograder {args.command}` needs {exc.name}, which comes with the course's lab "
-              "extras: ./course setup, or pip install -e '.[lab]' in the course's folder. The light install (for "
-              "Colab) has what the notebooks need, not the grading tools.", file=sys.stderr)
+              f"extras (nbgrader and the notebook runner): {lab_extras_hint()}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted" + (" (SIGTERM)" if _TERMINATED else ""), file=sys.stderr)
@@ -177,6 +210,55 @@ def main(argv=None) -> int:
 
 
 _TERMINATED = False
+
+
+def _pip_source() -> dict | None:
+    """Where pip installed this package from (its ``direct_url.json``, PEP 610), or None."""
+    import json
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        text = distribution(DISTRIBUTION).read_text("direct_url.json")
+        return json.loads(text) if text else None
+    except (PackageNotFoundError, OSError, ValueError):
+        return None
+
+
+_HERE = object()   # lab_extras_hint's defaults: told from this copy of the package
+
+
+def lab_extras_hint(source=_HERE, folder=_HERE, hosted_at=_HERE) -> str:
+    """How to add the lab extras to this install, in the form that fits it: ``source`` is pip's record of where it
+    came from (a dict, or None; default: this package's), ``folder`` the course folder this package lives in when it
+    runs from one (or None; default: told from this file), ``hosted_at`` the address a student edition was written
+    for (``--url``; default: the edition's record of it, if any).
+
+    * installed from git (``%pip install git+URL`` on Colab or Kaggle, where there is no course folder): the same
+      address with the extras, ``pip install "distributed-training-course[lab] @ git+URL"``;
+    * run from a course folder (``./course``, ``pip install -e .``): ``./course setup`` there;
+    * otherwise the git form with the edition's address, or a placeholder for it.
+    """
+    source = _pip_source() if source is _HERE else source
+    if folder is _HERE:
+        root = Path(__file__).resolve().parent.parent
+        folder = root if (root / "course").is_file() and (root / "pyproject.toml").is_file() else None
+    vcs = (source or {}).get("vcs_info")
+    if vcs and (source or {}).get("url"):
+        address = f"git+{source['url']}" + (f"@{vcs['requested_revision']}" if vcs.get("requested_revision") else "")
+        return (f"this Python has the light install from {address}, which brings what the notebooks need and not "
+                f'the grading tools. Add them with: pip install "{DISTRIBUTION}[lab] @ {address}" (in a notebook '
+                "cell: %pip install ...)")
+    if folder is not None:
+        return (f"./course setup in the course's folder ({folder}), or pip install -e '.[lab]' there. The light "
+                "install has what the notebooks need, not the grading tools.")
+    if hosted_at is _HERE:
+        try:
+            from ._hosted_at import URL as hosted_at
+        except ImportError:
+            hosted_at = None
+    address = f"git+{hosted_at}" if hosted_at else "git+<URL of the course's repository>"
+    return (f'pip install "{DISTRIBUTION}[lab] @ {address}" (in a notebook cell: %pip install ...). The light '
+            "install has what the notebooks need, not the grading tools.")
 
 #: What the grading tools need beyond the light install (``pip install .``): the ``lab`` extras of pyproject.toml.
 _LAB_MODULES = {"nbformat", "nbgrader", "nbclient", "nbconvert", "jupyter_client", "ipykernel", "traitlets",

@@ -16,6 +16,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from labsupport.visible import NOT_STARTED_LINE
+
 from .course import CourseError
 from .execute import cell_label, has_visible_code, kernel_env, nbgrader_meta, run_notebook
 from .nbgrader_config import CELL_TIMEOUT
@@ -49,7 +51,7 @@ def _error_line(cell) -> str | None:
         if out.get("output_type") == "error":
             ename, value = out.get("ename"), str(out.get("evalue", "")).strip().splitlines()
             if ename == "NotImplementedError" or (value and "NotImplementedError" in value[-1]):
-                return "not implemented yet (it raises NotImplementedError)"
+                return NOT_STARTED_LINE
             # a labsupport error leads with what happened on which rank (its last line says who was stopped)
             line = value[0] if ename in ("WorkerError", "WorkerTimeout") else value[-1] if value else ""
             return f"{ename}: {line}" if line else str(ename)

@@ -6,7 +6,8 @@ only what a student needs:
 
 * ``notebooks/`` (the release: answer cells replaced by stubs, hidden tests cut out), ``labsupport/``, and
   ``demos/``, the notebooks for runtimes with GPUs;
-* ``autograder/`` without ``checks/``: ``python -m autograder check NOTEBOOK`` runs the visible tests there;
+* ``autograder/`` without ``checks/``: ``python -m autograder check NOTEBOOK`` runs the visible tests there, and its
+  command line offers ``check`` only (the instructor's commands say that they need the course repository);
 * ``course``, ``pyproject.toml``, ``environment.yml``, a ``.gitignore`` and a README written for students;
 * ``nbgrader_config.py`` (the course's settings for the Validate button) and ``.jupyter/``, the Jupyter config
   folder ``./course lab`` adds to ``JUPYTER_CONFIG_PATH``: it turns off nbgrader's instructor tools (formgrader,
@@ -20,8 +21,9 @@ The edition's ``./course`` has no ``test`` command (it finds no ``tests/``): a s
 
 Nothing else is copied, so whatever is added to the repository later stays out unless it is listed here.
 
-With ``url`` (``--url``, where the edition will be hosted), the README's Colab line and the demos' install lines
-name it, and a GitHub address also gives each demo its "Open in Colab" link; without it they keep a placeholder.
+With ``url`` (``--url``, where the edition will be hosted), the README's Colab line, the demos' install lines and
+``autograder/_hosted_at.py`` (the install line of ``check``'s errors) name it, and a GitHub address also gives each
+demo its "Open in Colab" link; without it they keep a placeholder.
 With ``branch`` (``--branch``) they name that branch (``git+URL@BRANCH``, and the links open its demos); without
 it pip installs the repository's default branch and the links name ``main``.
 """
@@ -46,6 +48,9 @@ DEMO_URL_PLACEHOLDER = "https://github.com/OWNER/REPO"
 DEMO_URL_NOTE = "# Replace OWNER/REPO by the address of the course's repository.\n"
 #: What the edition's README says until it has an address.
 URL_PLACEHOLDER = "<URL of this repository>"
+#: The module of the edition's ``autograder`` that records its address (``--url``), for the install line that
+#: ``python -m autograder check`` gives when the lab extras are missing.
+HOSTED_AT = "_hosted_at.py"
 #: Never copied (below a package): the hidden checks and their reference implementations.
 EXCLUDED = {"autograder/checks"}
 #: nbgrader's lab plugins and server extensions a student's lab leaves out (Validate stays).
@@ -73,10 +78,11 @@ build/
 README = """# Distributed training, built from `send` and `recv`
 
 A hands-on course in how deep-learning training is spread over many processes. Each notebook takes one idea
-(collectives, the ring all-reduce, data parallelism, tensor and pipeline parallelism, ZeRO, FSDP), explains it,
-has you implement it from lower-level parts on **real multi-process `torch.distributed` workers started from a
-notebook cell**, checks your work, and compares it with PyTorch's own implementation. Everything runs on a laptop
-with no GPU.
+(collectives, the ring all-reduce, data parallelism, tensor and pipeline parallelism, ZeRO, FSDP, hybrid 3D
+parallelism and mixture-of-experts, what a real run needs: data sharding, clipping, loss scaling, sharded
+checkpoints and restarts, and hiding communication behind computation), explains it, has you implement it from
+lower-level parts on **real multi-process `torch.distributed` workers started from a notebook cell**, checks your
+work, and compares it with PyTorch's own implementation. Everything runs on a laptop with no GPU.
 
 ## Start
 
@@ -256,6 +262,10 @@ def write_edition(course: Course, dest, force: bool = False, url: str | None = N
         (dest / DEMOS).mkdir(exist_ok=True)
         shutil.copyfile(course.root / DEMOS / f"{name}.ipynb", dest / DEMOS / f"{name}.ipynb")
         _fill_url(dest / DEMOS / f"{name}.ipynb", url and _install_address(url, branch))
+    if url is not None:     # for the install line of `check`'s errors, where pip did not record the address
+        (dest / "autograder" / HOSTED_AT).write_text(
+            f'"""Where this student edition is hosted (written by python -m autograder student-edition --url)."""\n\n'
+            f"URL = {_install_address(url, branch)!r}\n", encoding="utf-8")
     readme = README.replace("{table}", _table(course, ids)).replace("{demos}", _demos_section(demos, url, branch))
     if url is not None:
         readme = readme.replace(URL_PLACEHOLDER, _install_address(url, branch))

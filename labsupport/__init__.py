@@ -10,7 +10,8 @@ The few public names:
 * ``CommCounter``: record the communication calls a rank makes.
 * ``Timeline``: record compute and communication spans per rank, to draw them.
 * ``grading()``: True while the autograder runs the notebook (measurements shrink).
-* ``show_table(header, rows)``: print an aligned text table.
+* ``show_table(header, rows)``: print an aligned text table; ``shorten(text, limit)``: a long text cut at a line or
+  a word, saying so; ``skipped(exc, name)``: the line a demo prints when an exercise it runs is not ready.
 * ``%%visible_test NAME`` and ``require_passed(NAME)``: visible tests that let *Run All* go past an exercise not
   written yet, and a Validate button that fails until every visible test passes (``labsupport.visible``).
 """
@@ -18,7 +19,7 @@ The few public names:
 import os as _os
 
 from .comm import CommCounter, CommCall
-from .display import show_table
+from .display import shorten, show_table, skipped
 from .visible import require_passed, require_visible
 from .launch import WorkerError, WorkerTimeout, device, in_worker, run, shutdown
 from .timeline import Timeline
@@ -37,6 +38,8 @@ __all__ = [
     "Timeline",
     "grading",
     "show_table",
+    "shorten",
+    "skipped",
     "require_passed",
     "require_visible",
 ]

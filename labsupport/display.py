@@ -1,8 +1,13 @@
-"""Text output for notebooks: ``show_table(header, rows)`` prints an aligned table (no torch, no pandas)."""
+"""Text output for notebooks (no torch, no pandas): ``show_table(header, rows)`` prints an aligned table,
+``shorten(text, limit)`` keeps a long text to a limit without cutting a word in two, and ``skipped(exc, name)`` is
+the line a demo prints when an exercise it runs is not ready."""
 
 from __future__ import annotations
 
-__all__ = ["show_table"]
+__all__ = ["show_table", "shorten", "skipped"]
+
+#: What ``shorten`` puts where it cut: after the beginning it keeps, or before the end it keeps.
+CUT, CUT_BEFORE = "… (cut)", "(cut) …"
 
 
 def show_table(header, rows) -> None:
@@ -18,3 +23,70 @@ def show_table(header, rows) -> None:
         print("  ".join(v.rjust(w) for v, w in zip(row, widths)))
         if k == 0:
             print("  ".join("-" * w for w in widths))
+
+
+def shorten(text, limit: int = 300, end: bool = False) -> str:
+    """``text`` as it is when it has at most ``limit`` characters; otherwise its beginning up to the last line break
+    (or, when that would keep less than half of ``limit``, the last space) before ``limit``, and then ``… (cut)``: a
+    long message or log is kept short without ending in the middle of a word, and says that it was cut. With
+    ``end=True`` it keeps the end instead (a log's last lines), starting after a line break or a space, with
+    ``(cut) …`` before it.
+
+    Example::
+
+        print(labsupport.shorten(str(exc), 900))
+    """
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    if end:
+        tail = text[-limit - 1:]
+        cut = tail.find("\n")
+        if 0 <= cut <= (limit + 1) // 2:
+            return CUT_BEFORE + "\n" + tail[cut + 1:].lstrip("\n")
+        cut = tail.find(" ")
+        if cut < 0:
+            cut = 0
+        return CUT_BEFORE + " " + tail[cut + 1:].lstrip()
+    head = text[:limit + 1]                # a break right at the limit still counts
+    cut = head.rfind("\n")
+    if cut >= limit // 2:
+        return text[:cut].rstrip() + "\n" + CUT
+    cut = max(head.rfind(" "), head.rfind("\t"))
+    if cut <= 0:                           # one very long word: nowhere better to cut
+        cut = limit
+    return text[:cut].rstrip() + " " + CUT
+
+
+def _not_started(exc: BaseException) -> bool:
+    """``exc`` is an exercise's ``NotImplementedError`` (in this kernel, or on a rank: a WorkerError)."""
+    if getattr(exc, "exc_type", None) == "NotImplementedError":
+        return True
+    return isinstance(exc, NotImplementedError) and not getattr(exc, "not_passed", False)
+
+
+def skipped(exc: BaseException, name: str | None = None) -> str:
+    """The line a demo prints when it cannot run because the exercise ``name`` it uses is not ready, given what it
+    caught: the exercise's ``NotImplementedError`` (in the kernel or on a rank) says "not started", anything else
+    says what it was, on one line that ``shorten`` keeps short.
+
+    Example::
+
+        try:
+            labsupport.run(demo, world_size=2)
+        except NOT_READY as exc:
+            print(labsupport.skipped(exc, "clip_grad_norm_"))
+        # skipped: clip_grad_norm_ is not started: it still raises NotImplementedError
+    """
+    from .visible import NOT_STARTED_LINE
+
+    what = name or "an exercise this demo runs"
+    if _not_started(exc):
+        return f"skipped: {what} is {NOT_STARTED_LINE}"
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    if getattr(exc, "not_passed", False):   # require_visible: its message names the exercise and what to do
+        return shorten(f"skipped: {first}", 300)
+    if not hasattr(exc, "exc_type") and type(exc).__name__ not in ("WorkerTimeout",):
+        first = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    return shorten(f"skipped: {what} is not ready: {first}", 300)

@@ -12,9 +12,10 @@ work, nor while the autograder grades (the hidden tests decide then). Under nbgr
 notebook in a fresh kernel, every cell even after an error, and lists the graded cells that failed) the last
 exercise's cell fails unless every exercise passed, with one report: a line per exercise (passes / not started /
 fails and the first line of its message), then the details of the first failure. The other exercises' cells stay
-quiet, so the dialog shows that report once instead of a traceback per exercise. (The order of the exercises comes
-from the notebook Validate runs, in the kernel's folder; when it cannot be told, each exercise's cell fails on its
-own, with its own line.)
+quiet, so the dialog shows that report once instead of a traceback per exercise, and ``checklist_first`` (run by
+Validate's executor) makes the checklist the first thing under nbgrader's "The following cell failed:" instead of
+that hidden-test cell's source. (The order of the exercises comes from the notebook Validate runs, in the kernel's
+folder; when it cannot be told, each exercise's cell fails on its own, with its own line.)
 
 With ``LABSUPPORT_GRADING=1`` (``python -m autograder check``, grading) nothing is swallowed: an unimplemented
 exercise fails its visible test, as it should when counting points.
@@ -34,6 +35,9 @@ from dataclasses import dataclass
 __all__ = ["require_passed", "require_visible", "register"]
 
 PASSES, NOT_STARTED, FAILS = "passes", "not started", "fails"
+#: The one wording of an exercise that still raises ``NotImplementedError``: Validate's checklist, the visible
+#: test's line, ``python -m autograder check`` and the demos' ``labsupport.skipped`` all say it.
+NOT_STARTED_LINE = "not started: it still raises NotImplementedError"
 
 
 @dataclass
@@ -87,7 +91,7 @@ def _line(name: str, width: int) -> str:
     elif o.status == FAILS:
         state = f"fails: {o.summary}"
     elif o.status == NOT_STARTED:
-        state = "not started (it still raises NotImplementedError)"
+        state = NOT_STARTED_LINE
     else:
         state = "passes"
     return f"  {name:<{width}}  {state}"
@@ -113,6 +117,47 @@ class ValidationReport(AssertionError):
 
     def _render_traceback_(self) -> list[str]:
         return str(self).splitlines()
+
+
+#: The ``grade_id`` that ``checklist_first`` gives the cell it turns into the checklist.
+CHECKLIST_ID = "validate_checklist"
+
+
+def checklist_first(cell=None, **_) -> None:
+    """Validate's dialog, made to open with the checklist.
+
+    nbgrader's Validate lists every failed graded cell as "The following cell failed:", the cell's source, then its
+    error. The cell that raises the checklist is an exercise's hidden-test cell, whose source (the description of
+    that exercise's hidden tests) says nothing about the others. Called by Validate's executor on each cell that
+    raised (``Execute.on_cell_error``, set in the course's ``nbgrader_config.py``), this turns a cell that raised the
+    checklist, in the copy of the notebook Validate runs (never the file), into a cell of the course's own: its source
+    is the checklist (a line per exercise), its error the details of the first failure, its points 0. So the first
+    thing under nbgrader's heading is the checklist.
+
+    It does nothing outside Validate (``NBGRADER_VALIDATING``, which nbgrader's Validator sets in its own process),
+    so grading never sees it, and nothing to a cell whose source no longer matches its checksum, so Validate still
+    reports an edited test cell as edited."""
+    if cell is None or os.environ.get("NBGRADER_VALIDATING", "") != "1" or cell.get("cell_type") != "code":
+        return
+    reports = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"
+               and o.get("ename") == ValidationReport.__name__]
+    meta = cell.get("metadata", {}).get("nbgrader", {})
+    if not reports or not meta.get("grade"):
+        return
+    if "checksum" in meta:
+        from nbgrader.utils import compute_checksum
+
+        if compute_checksum(cell) != meta["checksum"]:
+            return
+    lines = list(reports[0].get("traceback") or str(reports[0].get("evalue", "")).splitlines())
+    blank = lines.index("") if "" in lines else len(lines)
+    checklist, details = lines[:blank], lines[blank + 1:] or ["Validate again once every exercise passes."]
+    from nbformat import from_dict
+
+    cell["source"] = "\n".join(checklist)
+    cell["metadata"]["nbgrader"] = from_dict({"grade": True, "grade_id": CHECKLIST_ID, "points": 0, "locked": False,
+                                              "solution": False, "schema_version": meta.get("schema_version", 3)})
+    reports[0]["evalue"], reports[0]["traceback"] = details[0], details
 
 
 def _exercise_order(name: str) -> list[str] | None:
@@ -154,13 +199,27 @@ def require_passed(name: str) -> None:
         raise ValidationReport("\n".join(_report(order)))
 
 
+class NotPassed(NotImplementedError):
+    """What ``require_visible`` raises: a ``NotImplementedError``, so that a demo's ``except`` catches it with the
+    exercise's own; ``labsupport.skipped`` prints its message as it is."""
+
+    not_passed = True
+
+
 def require_visible(name: str) -> None:
-    """For a demo that runs exercise ``name``: raise ``NotImplementedError`` unless its visible tests passed in this
-    kernel. A demo that catches it says "skipped" at once, where an exercise that deadlocks would make it wait for
-    its time limit (and every demo after it too)."""
-    if not _passed(name):
-        raise NotImplementedError(f"{name} has not passed its visible test in this kernel yet (run that cell after "
-                                  "changing it); this demo uses it")
+    """For a demo that runs exercise ``name``: raise ``NotImplementedError`` (``NotPassed``) unless its visible tests
+    passed in this kernel, saying why (not started, the first line of its failure, or not run). A demo that catches
+    it says "skipped" at once, where an exercise that deadlocks would make it wait for its time limit (and every demo
+    after it too)."""
+    if _passed(name):
+        return
+    o = _outcome(name)
+    if o is not None and o.status == NOT_STARTED:
+        raise NotPassed(f"{name} is {NOT_STARTED_LINE}")
+    if o is not None and o.status == FAILS and o.summary:
+        raise NotPassed(f"{name} fails its visible test ({o.summary}); this demo uses it")
+    raise NotPassed(f"{name} has not passed its visible test in this kernel yet (run that cell after changing it); "
+                    "this demo uses it")
 
 
 def _where(exc: BaseException, name: str) -> list[str]:
@@ -220,8 +279,8 @@ def _visible_test(line: str, cell: str) -> None:
             _RESULTS[name][key] = _failure(exc, name)
         if _strict() or not _not_implemented(exc):
             raise
-        print(f"{name} is not implemented yet: this visible test is skipped and the notebook goes on. "
-              "Validate and the grader count it as not done.")
+        print(f"{name} is {NOT_STARTED_LINE}. Its visible test is skipped and the notebook goes on; Validate and "
+              "the grader count it as not done.")
         return
     _RESULTS[name][key] = _Outcome(PASSES)
 

@@ -28,6 +28,7 @@ SLOW_MODULES = {
     "test_student_edition",
     "test_shards",
     "test_visible",
+    "test_visible_methods",
     "test_gpu_demos",
     "test_notebook_measurements",
     "test_data_parallel_torch_ddp",

@@ -186,3 +186,14 @@ def test_torch_ddp_raises_at_the_next_iteration_for_a_parameter_without_gradient
 
     for message in labsupport.run(_two_steps_with_an_unused_parameter, world_size=2, timeout=60):
         assert message and message.startswith("Expected to have finished reduction in the prior iteration"), message
+
+
+def test_launched_late_reads_when_each_all_reduce_was_issued():
+    """``launched_late`` (03's visible tests): each bucket whose gradients were all ready before a gradient must
+    have been issued by then; the one that gradient completes may follow (another kind of hook runs later)."""
+    buckets = [["c", "b"], ["a"]]
+    assert plots.launched_late([("c", 0), ("b", 0), ("a", 1)], buckets) is None          # launched as they complete
+    assert plots.launched_late([("c", 0), ("b", 1), ("a", 1)], buckets) is None
+    said = plots.launched_late([("c", 0), ("b", 0), ("a", 0)], buckets)                  # held back to the end
+    assert said.startswith("when the gradient of 'a' was ready, 0 all-reduce(s) had been issued, but 1 bucket(s) "
+                           "were complete before it (e.g. ['c', 'b'])"), said

@@ -155,7 +155,7 @@ BUGS = [
     (tuple_rows, r"rank_table\(2, 4\)\[0\] should be a dict, got tuple"),
     (one_node_only, r"rank_table\(2, 4\) returned 4 rows, expected 8"),
     (key_error, r"rank_table\(2, 4\) raised KeyError: 'LOCAL_RANK'"),
-    (not_done, r"rank_table is not implemented yet"),
+    (not_done, r"rank_table is not started: it still raises NotImplementedError"),
     (differs_on_a_real_launch, r"On a real single-node launch of \d processes, rank \d sees .* but rank_table\(1, \d\)"),
 ]
 

@@ -4,7 +4,8 @@ The hidden share of communication read from a merged ``torch.profiler`` trace an
 computed the same way from the same spans (how close two real measurements come is load-dependent: a benchmark
 prints it); the zero-bubble demo gives one process's gradients, and so do
 PyTorch's zero-bubble schedules; the block-product counter gives 08's contiguous ring 4, 8, ..., 4N and a zig-zag
-ring 2N + 1 on every rank; the overlap recorder sees the blocking baseline hide nothing and a ring hide something.
+ring 2N + 1 on every rank; the overlap recorder sees the blocking baseline hide nothing and a ring hide something;
+``ring_overlap_problem`` (the visible tests' judge of overlap) reads spans of known order right.
 """
 
 import json
@@ -139,3 +140,44 @@ def test_figures_draw():
     lesson.plot_attention_blocks(3)
     lesson.plot_ring_steps(3)
     assert lesson.zigzag_positions(3, 1, 2) == [2, 3, 8, 9]
+
+
+def _ring(order: str) -> list:
+    """One rank's OverlapTimeline spans for a ring of 2 steps, on controlled times: ``order`` lists what happens, one
+    unit of time each: ``P`` a product, ``s``/``r`` posting the send/receive of the next step, ``S``/``R`` the wait
+    that returns, ``B`` a blocking send and receive."""
+    events, opened, products, t = [], {}, 0, 0.0
+    for op in order:
+        if op == "P":
+            events.append(Event("matmul", "compute", t, t + 1))
+            products += 1
+        elif op in "sr":
+            opened[op] = t
+        elif op in "SR":
+            kind = "send" if op == "S" else "recv"
+            events.append(Event(f"{kind} 40 B", "comm", opened.pop(op.lower()), t + 1))
+        elif op == "B":
+            events += [Event("send", "comm", t, t + 1), Event("recv", "comm", t + 1, t + 2)]
+        t += 2
+    return events
+
+
+@pytest.mark.parametrize("order, first, says", [
+    ("srPSRsrPSRP", 0, None),                                   # allgather_matmul: the next chunk travels
+    ("PsrPSRsrPSR", 1, None),                                   # matmul_reduce_scatter: one product first
+    ("srSRPsrSRPP", 0, "rank 0 waited for the send of ring step 1 before matrix product 1"),
+    ("PsrSRPsrSRP", 0, "rank 0 ran matrix product 1 before posting the send of ring step 1"),
+    ("BPBPP", 0, "rank 0 used the blocking dist.send for ring step 1"),
+    ("srPSRsrSR", 0, "rank 0 ran 1 matrix product(s), so no product could run during the send of ring step 2"),
+])
+def test_ring_overlap_problem_reads_the_order_of_the_spans(order, first, says):
+    """``ring_overlap_problem`` (10's visible tests) on spans of known order: the ring steps whose transfers a product
+    ran under pass; waiting first, posting late, a blocking call and too few products each get their own words."""
+    said = lesson.ring_overlap_problem(_ring(order), steps=2, first=first, rank=0)
+    assert (said is None) if says is None else said.startswith(says), said
+
+
+def test_ring_overlap_problem_with_any_product_under_each_transfer():
+    assert lesson.ring_overlap_problem(_ring("srPPSRsrPPSRPP"), steps=2, rank=1, any_product=True) is None
+    said = lesson.ring_overlap_problem(_ring("srSRPPsrPPSRPP"), steps=2, rank=1, any_product=True)
+    assert said.startswith("rank 1's send of ring step 1 had no block product running while it was in flight"), said

@@ -183,6 +183,7 @@ def test_help_lists_every_command():
     for command in ("lab", "test", "setup", "plan"):
         assert re.search(rf"^\s*\./course {command}\b", proc.stdout, re.M), proc.stdout
     assert "COURSE_TORCH_SPEC" in proc.stdout
+    assert "./course test also installs the test extras" in proc.stdout, proc.stdout   # the edition leaves it out
 
 
 @pytest.fixture(scope="module")
@@ -195,12 +196,15 @@ def edition(tmp_path_factory):
 
 def test_a_student_edition_has_no_test_command(edition):
     """The edition has no tests/: its ./course neither offers `test` nor installs the test tools (Playwright...) to
-    run nothing; asked for it, it says how to check a notebook instead, before setting anything up."""
+    run nothing, and its help does not speak of them; asked for `test`, it says how to check a notebook instead,
+    before setting anything up."""
     assert not (edition / "tests").exists()
     proc = _ok(subprocess.run(["bash", str(edition / "course"), "help"], capture_output=True, text=True, timeout=30))
     for command in ("lab", "setup", "plan"):
         assert re.search(rf"^\s*\./course {command}\b", proc.stdout, re.M), proc.stdout
     assert "./course test" not in proc.stdout, proc.stdout
+    for word in ("test extras", "test suite", "pytest", "Playwright"):   # nothing about tools it has no use for
+        assert word not in proc.stdout, (word, proc.stdout)
     proc = _failed(subprocess.run(["bash", str(edition / "course"), "test"], capture_output=True, text=True,
                                   timeout=30))
     assert "no test suite" in proc.stderr and ".venv/bin/python -m autograder check notebooks/ID/ID.ipynb" in \

@@ -121,11 +121,81 @@ def test_layout(edition):
         assert f"(demos/{name})" in readme
     released = sorted(p.name for p in (edition / "notebooks").iterdir())
     assert released == sorted(p.name for p in (REPO / "notebooks").iterdir() if (p / f"{p.name}.ipynb").exists())
+    assert not (edition / "autograder" / "_hosted_at.py").exists()     # no address given: none recorded
     for path in edition.rglob("*"):  # the grader's own code names the markers; nothing else may hold one
         if path.is_file() and path.suffix in (".py", ".ipynb", ".md") and "autograder" not in path.parts:
             text = path.read_text()
             for marker in ("BEGIN SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"):
                 assert marker not in text, (path, marker)
+
+
+#: A word of each notebook's subject that the edition's introduction (README and pyproject.toml) must name.
+SUBJECTS = {"01_collectives": "collectives", "02_ring_allreduce": "ring all-reduce", "03_data_parallel": "DDP",
+            "04_tensor_parallel": "tensor", "05_pipeline_parallel": "pipeline", "06_zero": "ZeRO", "07_fsdp": "FSDP",
+            "08_hybrid_parallel": "hybrid", "09_production": "checkpoints", "10_overlap": "computation"}
+
+
+def test_the_introduction_names_every_notebook(edition):
+    """The README's opening paragraph and pyproject.toml's description name the subject of every notebook of the
+    edition, the last ones (hybrid parallelism, a production loop, overlap) included."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    intro = (edition / "README.md").read_text().split("\n\n")[1]
+    description = tomllib.loads((edition / "pyproject.toml").read_text())["project"]["description"]
+    ids = sorted(p.name for p in (edition / "notebooks").iterdir() if p.name != "00_launch")
+    assert ids == sorted(SUBJECTS), ids    # a new notebook needs its subject here
+    for aid in ids:
+        word = SUBJECTS[aid]
+        assert word in intro.replace("\n", " ") or (aid == "03_data_parallel" and "data parallelism" in intro), \
+            (aid, intro)
+        assert word in description, (aid, description)
+
+
+def test_the_editions_command_line_offers_only_check(edition, tmp_path):
+    """In the edition, ``python -m autograder --help`` lists ``check`` and none of the instructor's commands, and each
+    of those, asked for, says that it needs the course repository (not "no release notebooks")."""
+    env = _edition_env(edition)
+    proc = subprocess.run([sys.executable, "-m", "autograder", "--help"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "check" in proc.stdout and "student edition" in proc.stdout, proc.stdout
+    from autograder.__main__ import INSTRUCTOR_COMMANDS
+
+    listed = re.findall(r"^ {4}([\w-]+)", proc.stdout, re.M)     # the commands argparse lists, one a line
+    assert listed == ["check"], proc.stdout
+    for command in INSTRUCTOR_COMMANDS:
+        args = [command, str(tmp_path / "out")] if command != "grade" else [command, str(tmp_path)]
+        failed = subprocess.run([sys.executable, "-m", "autograder", *args], cwd=edition, env=env,
+                                capture_output=True, text=True, timeout=120)
+        assert failed.returncode == 2, failed.stdout + failed.stderr
+        assert f"`python -m autograder {command}` is one of the instructor's commands" in failed.stderr, failed.stderr
+        assert "this is the student edition" in failed.stderr and "python -m autograder check" in failed.stderr
+    assert not (tmp_path / "out").exists()
+    proc = subprocess.run([sys.executable, "-m", "autograder", "--help"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)     # the repository keeps them all
+    assert re.findall(r"^ {4}([\w-]+)", proc.stdout, re.M) == [*INSTRUCTOR_COMMANDS, "check"], proc.stdout
+
+
+def test_the_lab_extras_are_offered_in_the_form_of_the_install():
+    """``check`` without the lab extras says how to add them to the install at hand: from git (Colab's
+    ``%pip install git+URL``, no course folder) the same address with ``[lab]``; from a course folder
+    ``./course setup`` there; otherwise the git form with the edition's recorded address, or a placeholder."""
+    from autograder.__main__ import lab_extras_hint
+
+    colab = {"url": "https://github.com/you/course", "vcs_info": {"vcs": "git", "commit_id": "0" * 40}}
+    hint = lab_extras_hint(source=colab, folder=None)
+    assert 'pip install "distributed-training-course[lab] @ git+https://github.com/you/course"' in hint, hint
+    assert "-e" not in hint and "course's folder" not in hint, hint
+    colab["vcs_info"]["requested_revision"] = "spring-2027"
+    assert "@ git+https://github.com/you/course@spring-2027\"" in lab_extras_hint(source=colab, folder=None)
+    here = lab_extras_hint(source={"url": REPO.as_uri(), "dir_info": {"editable": True}}, folder=REPO)
+    assert f"./course setup in the course's folder ({REPO})" in here and "pip install -e '.[lab]'" in here, here
+    hosted = lab_extras_hint(source={}, folder=None, hosted_at="https://github.com/you/course@main")
+    assert '"distributed-training-course[lab] @ git+https://github.com/you/course@main"' in hosted, hosted
+    assert "git+<URL of the course's repository>" in lab_extras_hint(source={}, folder=None, hosted_at="")
 
 
 def test_url_goes_into_the_install_lines_and_colab_links(tmp_path):
@@ -146,7 +216,9 @@ def test_url_goes_into_the_install_lines_and_colab_links(tmp_path):
         assert "OWNER/REPO" not in path.read_text() and "Replace" not in install[0], path.name
         assert f"https://colab.research.google.com/github/you/distributed-course/blob/main/demos/{path.name}" in readme
 
+    assert (dest / "autograder" / "_hosted_at.py").read_text().endswith(f"URL = {url!r}\n")
     dest = write_edition(Course.at(REPO), tmp_path / "branch", url=url + "/", branch="spring-2027")
+    assert f"URL = '{url}@spring-2027'" in (dest / "autograder" / "_hosted_at.py").read_text()
     readme = (dest / "README.md").read_text()
     assert f'%pip install -q "git+{url}@spring-2027"' in readme, readme
     for path in sorted((dest / "demos").iterdir()):
@@ -592,7 +664,11 @@ def test_pip_install_of_the_edition(edition, tmp_path):
     assert "[2, 2]" in proc.stdout
     proc = subprocess.run([sys.executable, "-m", "autograder", "--help"], cwd=tmp_path, capture_output=True,
                           text=True, env=dict(os.environ, PYTHONPATH=str(target)))
-    assert proc.returncode == 0 and "student-edition" in proc.stdout, proc.stderr
+    assert proc.returncode == 0 and "check" in proc.stdout and "student-edition" not in proc.stdout, proc.stderr
+    code = (NO_EDITABLE_FINDER + "from autograder.__main__ import lab_extras_hint\nprint(lab_extras_hint())\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(target)))
+    assert f'"distributed-training-course[lab] @ git+{repo.as_uri()}"' in proc.stdout, proc.stdout + proc.stderr
 
 
 def _lab_config(config_path) -> dict:

@@ -106,7 +106,7 @@ def _failed(exc, world_size: int, what: str, timeout: float):
         if exc.exc_type in ("AssertionError", "SandboxRefused"):
             raise AssertionError(f"{exc.exc_message} (world_size={world_size}, seen on rank {exc.rank})") from None
         if exc.exc_type == "NotImplementedError":
-            raise AssertionError(f"{what} is not implemented yet (it raised NotImplementedError).") from None
+            raise AssertionError(f"{what} is not started: it still raises NotImplementedError.") from None
         if exc.exc_type is None:
             mismatch = (" In a collective this usually means the ranks disagreed: every rank must make the same "
                         "collective calls in the same order with the same sizes (dist.reduce or dist.broadcast is "

@@ -163,7 +163,7 @@ def _run_one(probe, *args, what: str, timeout: float):
         if exc.exc_type == "AssertionError":
             raise AssertionError(exc.exc_message) from None
         if exc.exc_type == "NotImplementedError":
-            raise AssertionError(f"{what} is not implemented yet (it raised NotImplementedError).") from None
+            raise AssertionError(f"{what} is not started: it still raises NotImplementedError.") from None
         if exc.exc_type is None:
             raise AssertionError(f"{what} stopped its worker process: it {exc.exc_message}.") from None
         raise AssertionError(f"{what} failed: {exc.exc_type}: {exc.exc_message}") from None

@@ -122,7 +122,7 @@ def check_shard_indices(shard_indices):
             got = call_student(call, shard_indices, n, world, rank, epoch=epoch, seed=seed, shuffle=shuffle,
                                drop_last=drop_last)
         except NotImplementedError:
-            raise AssertionError("shard_indices is not implemented yet (it raised NotImplementedError).") from None
+            raise AssertionError("shard_indices is not started: it still raises NotImplementedError.") from None
         if isinstance(got, torch.Tensor):
             raise AssertionError(f"{call} returned a tensor: return a list of ints (.tolist()).")
         if not isinstance(got, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in got):
@@ -138,7 +138,7 @@ def check_shard_indices(shard_indices):
         except ValueError:
             continue
         except NotImplementedError:
-            raise AssertionError("shard_indices is not implemented yet (it raised NotImplementedError).") from None
+            raise AssertionError("shard_indices is not started: it still raises NotImplementedError.") from None
         except Exception as exc:
             raise AssertionError(f"shard_indices{bad} raised {type(exc).__name__}: raise ValueError when rank is not "
                                  "in [0, num_replicas), as DistributedSampler does.") from None

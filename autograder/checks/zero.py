@@ -76,7 +76,7 @@ def check_model_state_bytes(model_state_bytes):
         try:
             return model_state_bytes(*args, **kwargs)
         except NotImplementedError:
-            raise AssertionError("model_state_bytes is not implemented yet (it raised NotImplementedError).") from None
+            raise AssertionError("model_state_bytes is not started: it still raises NotImplementedError.") from None
         except Exception as exc:
             raise AssertionError(f"model_state_bytes{args} raised {type(exc).__name__}: {exc}") from None
 
@@ -115,7 +115,7 @@ def check_model_state_bytes(model_state_bytes):
         except ValueError:
             continue
         except NotImplementedError:
-            raise AssertionError("model_state_bytes is not implemented yet (it raised NotImplementedError).") from None
+            raise AssertionError("model_state_bytes is not started: it still raises NotImplementedError.") from None
         except Exception as exc:
             raise AssertionError(f"model_state_bytes{bad} raised {type(exc).__name__}: raise ValueError for a stage "
                                  "outside 0..3 or a non-positive size.") from None

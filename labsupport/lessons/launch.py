@@ -20,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 
+from ..display import shorten
+
 __all__ = ["plot_rank_layout", "torchrun_two_fake_nodes", "TORCHRUN_SCRIPT"]
 
 
@@ -157,7 +159,7 @@ def torchrun_two_fake_nodes(nproc_per_node: int = 2, timeout: float = 180) -> li
             for agent in agents:
                 out, err = agent.communicate(timeout=timeout)
                 if agent.returncode != 0:
-                    raise RuntimeError(f"torchrun exited with {agent.returncode}:\n{err[-2000:]}")
+                    raise RuntimeError(f"torchrun exited with {agent.returncode}:\n{shorten(err, 2000, end=True)}")
                 seen += [json.loads(line[4:]) for line in out.splitlines() if line.startswith("ENV ")]
         finally:
             for agent in agents:

@@ -87,7 +87,7 @@ def check_parallel_groups(parallel_groups):
         try:
             return parallel_groups(*args)
         except NotImplementedError:
-            raise AssertionError("parallel_groups is not implemented yet (it raised NotImplementedError).") from None
+            raise AssertionError("parallel_groups is not started: it still raises NotImplementedError.") from None
         except Exception as exc:
             raise AssertionError(f"parallel_groups{args} raised {type(exc).__name__}: {exc}") from None
 
@@ -105,7 +105,7 @@ def check_parallel_groups(parallel_groups):
         except ValueError:
             continue
         except NotImplementedError:
-            raise AssertionError("parallel_groups is not implemented yet (it raised NotImplementedError).") from None
+            raise AssertionError("parallel_groups is not started: it still raises NotImplementedError.") from None
         except Exception as exc:
             raise AssertionError(f"parallel_groups({world}, tp={tp}, pp={pp}) should raise ValueError (tp·pp = "
                                  f"{tp * pp} does not divide {world}); it raised {type(exc).__name__}: {exc}") from None

@@ -61,7 +61,7 @@ def check_activation_bytes(activation_bytes):
         try:
             got = activation_bytes(s, b, h, a, tp=t, sequence_parallel=sp, recompute=rc)
         except NotImplementedError:
-            raise AssertionError("activation_bytes is not implemented yet (it raised NotImplementedError).") from None
+            raise AssertionError("activation_bytes is not started: it still raises NotImplementedError.") from None
         except Exception as exc:
             raise AssertionError(f"activation_bytes(s={s}, b={b}, h={h}, a={a}, tp={t}, sequence_parallel={sp}, "
                                  f"recompute={rc!r}) raised {type(exc).__name__}: {exc}") from None
@@ -135,9 +135,9 @@ def check_fits(fits, activation_bytes=None):
         except NotImplementedError:
             layer_args = (model.seq_len, b, model.hidden, model.heads, tp, sp, rc)
             if activation_bytes is not None and _layer_bytes(activation_bytes, *layer_args) is None:
-                raise AssertionError("fits raised NotImplementedError: it is not implemented yet, or it calls "
-                                     "activation_bytes (exercise 4), which is not implemented yet either.") from None
-            raise AssertionError("fits is not implemented yet (it raised NotImplementedError).") from None
+                raise AssertionError("fits raised NotImplementedError: it is not started, or it calls "
+                                     "activation_bytes (exercise 4), which is not started either.") from None
+            raise AssertionError("fits is not started: it still raises NotImplementedError.") from None
         except Exception as exc:
             raise AssertionError(f"{call} raised {type(exc).__name__}: {exc}") from None
         expected = reference_fits(model, cluster, dp, tp, pp, stage, b, rc, sp)

@@ -25,7 +25,7 @@ def _call(fn, what, *args):
         out = fn(*args)
     except NotImplementedError:
         name = getattr(fn, "__name__", what.split("(")[0].split()[0])
-        raise AssertionError(f"{name} is not implemented yet (it raised NotImplementedError).") from None
+        raise AssertionError(f"{name} is not started: it still raises NotImplementedError.") from None
     except Exception as exc:  # noqa: BLE001
         raise AssertionError(f"{what} raised {type(exc).__name__}: {exc}") from None
     if args != before:

@@ -1,8 +1,10 @@
-"""The timing code behind notebook 03's measurements.
+"""The timing code behind notebook 03's measurements, and the recorder its visible tests use to see when each
+all-reduce is launched.
 
 The notebook decides how a model is wrapped for each variant (``wrap(model) -> (model_to_call, finish)``, where
 ``finish()`` completes gradient synchronisation after backward) and passes that function in; everything here only
-runs steps and times them.
+runs steps and times them. ``record_ready`` notes, as each gradient becomes ready during backward, how many
+all-reduces had been issued by then; ``launched_late`` reads that record against the buckets.
 """
 
 from __future__ import annotations
@@ -18,7 +20,40 @@ import torch.nn as nn
 
 from ...timeline import Timeline
 
-__all__ = ["gil_comparison", "make_mlp", "record_steps", "summarise_steps", "time_per_step"]
+__all__ = ["gil_comparison", "make_mlp", "record_steps", "summarise_steps", "time_per_step", "record_ready",
+           "launched_late"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# When the all-reduces are launched
+
+
+def record_ready(module: nn.Module, counter) -> list:
+    """Hook every trainable parameter of ``module`` (after the wrapper has hooked them: call it on the wrapped
+    model's ``module``) so that when its gradient is ready, ``(name, all-reduces issued so far)`` is appended to the
+    returned list; ``counter`` is the ``CommCounter`` around backward."""
+    ready = []
+    for name, p in module.named_parameters():
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(
+                lambda p, name=name: ready.append((name, counter.summary.count("all_reduce"))))
+    return ready
+
+
+def launched_late(ready: list, buckets: list) -> str | None:
+    """Whether an all-reduce was launched late, in words, or None: ``ready`` is ``record_ready``'s list, ``buckets``
+    the expected buckets (lists of parameter names; one parameter each for one all-reduce per gradient). When a
+    gradient is ready, every bucket whose gradients were all ready *before* it must have been issued already (the
+    one it completes may follow a moment later, whichever kind of hook launches it)."""
+    for k, (name, issued) in enumerate(ready):
+        before = {n for n, _ in ready[:k]}
+        due = [b for b in buckets if all(n in before for n in b)]
+        if issued < len(due):
+            return (f"when the gradient of '{name}' was ready, {issued} all-reduce(s) had been issued, but "
+                    f"{len(due)} bucket(s) were complete before it (e.g. {due[-1]}): launch each all-reduce from a "
+                    "hook as soon as its last gradient is ready, not later in backward or in "
+                    "finish_gradient_synchronization.")
+    return None
 
 
 # ----------------------------------------------------------------------------------------------------------------

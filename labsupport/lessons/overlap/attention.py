@@ -58,8 +58,10 @@ class ProductCounter(TorchFunctionMode):
 def attention_on_ranks(fn, q, k, v, layout: str = "zigzag") -> dict:
     """Call with ``labsupport.run``. ``q, k, v``: the whole ``(B, S, H, D)`` tensors, the same on every rank; each
     rank keeps its positions (``"zigzag"``: chunks r and 2N−1−r of 2N; ``"contiguous"``: block r of N) and runs
-    ``fn(q, k, v)`` on them. Returns ``{"out", "positions", "block_products", "bytes_sent"}``."""
+    ``fn(q, k, v)`` on them. Returns ``{"out", "positions", "block_products", "bytes_sent", "events"}``, the last
+    the ``OverlapTimeline`` spans of the call (for ``ring_overlap_problem``)."""
     from ... import CommCounter
+    from .measure import OverlapTimeline
 
     rank, world = dist.get_rank(), dist.get_world_size()
     S = q.shape[1]
@@ -71,11 +73,11 @@ def attention_on_ranks(fn, q, k, v, layout: str = "zigzag") -> dict:
         pos = list(range(rank * S // world, (rank + 1) * S // world))
     idx = torch.tensor(pos)
     mine = [t[:, idx].contiguous() for t in (q, k, v)]
-    with CommCounter() as cc, ProductCounter() as pc:
+    with CommCounter() as cc, OverlapTimeline() as ot, ProductCounter() as pc:
         out = fn(*mine)
     B, _, H, D = q.shape
     return {"out": out, "positions": pos, "block_products": pc.flops / (4 * B * H * chunk * chunk * D),
-            "bytes_sent": cc.bytes_sent}
+            "bytes_sent": cc.bytes_sent, "events": ot.timeline.events}
 
 
 def contiguous_ring_counts(q, k, v) -> dict:

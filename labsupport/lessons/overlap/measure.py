@@ -5,6 +5,8 @@ moment the rank's ``wait()`` returns, or the blocking call returns) and every ma
 The transfers come from ``labsupport.tap`` (the tap ``CommCounter`` reads), the products from a
 ``TorchFunctionMode`` that times ``@``, ``matmul``, ``mm``, ``bmm``, ``F.linear``, ``einsum`` and
 ``scaled_dot_product_attention``. A transfer counts as hidden for the time a product ran while it was in flight.
+``ring_overlap_problem`` reads those spans in order (not their durations): which ring step's transfer had no
+product running under it, and why.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from torch.overrides import TorchFunctionMode
 
 from ...timeline import Timeline
 
-__all__ = ["OverlapTimeline", "matmul_overlap", "allgather_then_matmul", "matmul_then_reduce_scatter"]
+__all__ = ["OverlapTimeline", "matmul_overlap", "allgather_then_matmul", "matmul_then_reduce_scatter",
+           "ring_overlap_problem"]
 
 _PRODUCTS = {"matmul", "__matmul__", "mm", "bmm", "addmm", "baddbmm", "linear", "einsum",
              "scaled_dot_product_attention"}
@@ -126,3 +129,50 @@ def matmul_overlap(fn, kind: str = "allgather", rows: int = 256, k: int = 512, o
         if best is None or seconds < best["seconds"]:
             best = {"events": ot.timeline.events, "seconds": seconds, "hidden": ot.hidden()}
     return best
+
+
+def _direction(name: str) -> str | None:
+    """``"send"`` or ``"recv"`` for a transfer span of ``OverlapTimeline`` (``send 96 B``, or ``send`` when it was
+    the blocking call), else None."""
+    word = name.split(" ", 1)[0]
+    return word if word in ("send", "recv") else None
+
+
+def ring_overlap_problem(events, steps: int, first: int = 0, rank: int | None = None,
+                         any_product: bool = False) -> str | None:
+    """What is wrong with the overlap of one rank's ring, in words, or None: ``events`` are the rank's
+    ``OverlapTimeline`` spans around one call of a ring exercise (``ot.timeline.events``), ``steps`` its ring steps.
+
+    For ring step k = 1 .. ``steps``, the k-th send and the k-th receive must each be posted with ``isend``/``irecv``
+    before matrix product number k + ``first`` starts and waited for after it ends (``allgather_matmul``: first = 0,
+    the chunk already here is multiplied while the next one travels; ``matmul_reduce_scatter``: first = 1, the
+    next partial product runs while the accumulator travels). With ``any_product`` (zig-zag attention, several
+    block products per step) it is enough that some product runs while each transfer is in flight. Only the order
+    of the spans counts, never how long they took."""
+    who = "this rank" if rank is None else f"rank {rank}"
+    spans = sorted(events, key=lambda e: e.start)
+    products = [e for e in spans if e.kind == "compute"]
+    for kind in ("send", "recv"):
+        transfers = [e for e in spans if e.kind == "comm" and _direction(e.name) == kind]
+        for k, t in enumerate(transfers[:steps], start=1):
+            if t.name in ("send", "recv"):
+                return (f"{who} used the blocking dist.{kind} for ring step {k}: it returns only when the transfer is "
+                        f"over, so no product can run during it. Post it with dist.i{kind}, multiply, then wait() on "
+                        "the request.")
+            if any_product:
+                if not any(t.start <= p.start and p.end <= t.end for p in products):
+                    return (f"{who}'s {kind} of ring step {k} had no block product running while it was in flight: "
+                            "post the next step's isend/irecv, compute with the k/v already here, then wait.")
+                continue
+            if k + first > len(products):
+                return (f"{who} ran {len(products)} matrix product(s), so no product could run during the {kind} of "
+                        f"ring step {k}: compute one product per chunk, each while the next transfer travels.")
+            p = products[k + first - 1]
+            n = k + first
+            if p.start < t.start:
+                return (f"{who} ran matrix product {n} before posting the {kind} of ring step {k}: post the next "
+                        "isend/irecv first, then multiply, so that the transfer travels during the product.")
+            if t.end < p.end:
+                return (f"{who} waited for the {kind} of ring step {k} before matrix product {n}: post the next "
+                        "isend/irecv before the product and wait after it.")
+    return None
