@@ -33,7 +33,7 @@ from autograder.checks.production import (
 
 def si_ok(num_samples, num_replicas, rank, epoch=0, seed=0, shuffle=True, drop_last=False):
     if not 0 <= rank < num_replicas:
-        raise ValueError(f"rank {rank} is not in [0, {num_replicas})")
+        raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]")
     if shuffle:
         g = torch.Generator()
         g.manual_seed(seed + epoch)
@@ -52,7 +52,7 @@ def si_ok(num_samples, num_replicas, rank, epoch=0, seed=0, shuffle=True, drop_l
 def si_arithmetic(num_samples, num_replicas, rank, epoch=0, seed=0, shuffle=True, drop_last=False):
     """Correct alternative: position p of rank r is element (r + p·N) mod num_samples of the permutation."""
     if rank < 0 or rank >= num_replicas:
-        raise ValueError("bad rank")
+        raise ValueError("Invalid rank %d, rank should be in the interval [0, %d]" % (rank, num_replicas - 1))
     perm = (torch.randperm(num_samples, generator=torch.Generator().manual_seed(seed + epoch)) if shuffle
             else torch.arange(num_samples))
     per = num_samples // num_replicas if drop_last else -(-num_samples // num_replicas)
@@ -81,6 +81,25 @@ def si_pad_once(num_samples, num_replicas, rank, epoch=0, seed=0, shuffle=True, 
     return indices[rank::num_replicas]
 
 
+def si_pad_from_end(num_samples, num_replicas, rank, epoch=0, seed=0, shuffle=True, drop_last=False):
+    """Pads with the last indices of the permutation instead of its first ones."""
+    if drop_last:
+        return si_ok(num_samples, num_replicas, rank, epoch, seed, shuffle, drop_last)
+    indices = si_ok(num_samples, 1, 0, epoch, seed, shuffle, False)
+    if not 0 <= rank < num_replicas:
+        raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]")
+    total = -(-num_samples // num_replicas) * num_replicas
+    while len(indices) < total:
+        indices += indices[len(indices) - min(total - len(indices), num_samples):]
+    return indices[rank::num_replicas]
+
+
+def si_own_message(num_samples, num_replicas, rank, epoch=0, seed=0, shuffle=True, drop_last=False):
+    if not 0 <= rank < num_replicas:
+        raise ValueError(f"rank must be in [0, {num_replicas}), got {rank}")
+    return si_ok(num_samples, num_replicas, rank, epoch, seed, shuffle, drop_last)
+
+
 def si_drop_last_ignored(num_samples, num_replicas, rank, epoch=0, seed=0, shuffle=True, drop_last=False):
     return si_ok(num_samples, num_replicas, rank, epoch, seed, shuffle, False)
 
@@ -105,6 +124,8 @@ def test_shard_indices_correct_passes():
     (si_contiguous, "contiguous block"),
     (si_no_epoch, "seed + epoch"),
     (si_pad_once, "more than once"),
+    (si_pad_from_end, "the padding is not"),
+    (si_own_message, "say what DistributedSampler says"),
     (si_drop_last_ignored, "drop_last=True"),
     (si_global_rng, "generator"),
     (si_todo, "not implemented yet"),

@@ -50,6 +50,12 @@ def _diagnose_indices(got, num_samples, num_replicas, rank, epoch, seed, shuffle
                     "every epoch has its own order")
     full = (torch.randperm(num_samples, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
             if shuffle else list(range(num_samples)))
+    positions = range(rank, len(expected) * num_replicas, num_replicas)  # this rank's places in the padded list
+    padding = [i for i, p in enumerate(positions) if p >= num_samples]
+    if padding and all(got[i] == expected[i] for i in range(len(got)) if i not in padding):
+        return (f"the first {len(got) - len(padding)} indices are right, the padding is not: pad the list by "
+                "repeating it from its start (the first indices of the permutation, not its last ones nor any "
+                "others), more than once round when num_samples < num_replicas")
     if sorted(got) != sorted(expected) and set(got) <= set(full):
         per = len(expected)
         padded = (full * (1 + (num_replicas * per) // max(num_samples, 1)))[:num_replicas * per]
@@ -96,14 +102,29 @@ def check_shard_indices(shard_indices):
             raise AssertionError(f"{call} = {short(list(got))}, DistributedSampler gives {short(expected)}: {hint} "
                                  f"(seed {seed0}).")
     for bad in [(10, 3, 3), (10, 3, -1), (5, 2, 7)]:
+        wanted = _sampler_error(*bad)
         try:
             shard_indices(*bad)
-        except ValueError:
+        except ValueError as exc:
+            if str(exc) != wanted:
+                raise AssertionError(f"shard_indices{bad} raised ValueError({str(exc)!r}): say what "
+                                     f"DistributedSampler says, ValueError({wanted!r}).") from None
             continue
         except NotImplementedError:
             raise AssertionError("shard_indices is not implemented yet (it raised NotImplementedError).") from None
         except Exception as exc:
-            raise AssertionError(f"shard_indices{bad} raised {type(exc).__name__}: raise ValueError when rank is not "
-                                 "in [0, num_replicas), as DistributedSampler does.") from None
-        raise AssertionError(f"shard_indices{bad} returned instead of raising ValueError: rank must be in "
-                             "[0, num_replicas), as DistributedSampler requires.")
+            raise AssertionError(f"shard_indices{bad} raised {type(exc).__name__}: raise ValueError({wanted!r}) "
+                                 "when rank is not in [0, num_replicas), as DistributedSampler does.") from None
+        raise AssertionError(f"shard_indices{bad} returned instead of raising ValueError({wanted!r}): rank must "
+                             "be in [0, num_replicas), as DistributedSampler requires.")
+
+
+def _sampler_error(num_samples, num_replicas, rank) -> str:
+    """The message of the ValueError ``DistributedSampler`` raises for a rank out of range."""
+    from torch.utils.data import DistributedSampler
+
+    try:
+        DistributedSampler(_Range(num_samples), num_replicas=num_replicas, rank=rank)
+    except ValueError as exc:
+        return str(exc)
+    raise RuntimeError(f"DistributedSampler accepted rank {rank} of {num_replicas}")
