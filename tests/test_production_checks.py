@@ -150,47 +150,73 @@ def test_shard_indices_without_value_error_fails():
 # clip_grad_norm_
 
 
-def clip_ok(parameters, max_norm, group=None, replicated=()):
-    params = [p for p in parameters if p.grad is not None]
-    once = {id(p) for p in replicated}
-    first = dist.get_rank(group) == 0
-    sq = torch.zeros(1)
+def _as_list(parameters):
+    return [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+
+
+def _norm_of(params, norm_type, group, once=(), divide=False):
+    """One all-reduce of one number: the largest |g| (MAX) for inf, else the sum of |g|**p, replicated counted once
+    (on the group's rank 0, or divided by the group's size on every rank)."""
+    if norm_type == math.inf:
+        local = torch.zeros(1)
+        for p in params:
+            local = torch.maximum(local, p.grad.detach().abs().max().float().reshape(1))
+        dist.all_reduce(local, op=dist.ReduceOp.MAX, group=group)
+        return local[0]
+    n, first = dist.get_world_size(group), dist.get_rank(group) == 0
+    local = torch.zeros(1)
     for p in params:
-        if id(p) not in once or first:
-            sq += p.grad.detach().float().pow(2).sum()
-    dist.all_reduce(sq, group=group)
-    total = sq.sqrt()
+        share = p.grad.detach().float().abs().pow(norm_type).sum()
+        if id(p) in once:
+            share = share / n if divide else share * first
+        local += share
+    dist.all_reduce(local, group=group)
+    return local[0] ** (1.0 / norm_type)
+
+
+def clip_ok(parameters, max_norm, norm_type=2.0, group=None, replicated=()):
+    params = [p for p in _as_list(parameters) if p.grad is not None]
+    total = _norm_of(params, float(norm_type), group, {id(p) for p in replicated})
     coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
     for p in params:
         p.grad.detach().mul_(coef)
-    return total[0]
+    return total
 
 
-def clip_divided(parameters, max_norm, group=None, replicated=()):
-    """Correct alternative: replicated squares divided by the group's size on every rank; float64; a 0-dim result."""
+def clip_divided(parameters, max_norm, norm_type=2.0, group=None, replicated=()):
+    """Correct alternative: replicated |g|**p divided by the group's size on every rank; float64; per-parameter norms
+    stacked (torch's own way); clipped with *= only when the norm is too large."""
+    if isinstance(parameters, torch.Tensor):
+        parameters = [parameters]
     params = [p for p in parameters if p.grad is not None]
     rep = {id(p) for p in replicated}
-    n = dist.get_world_size(group)
-    local = sum((p.grad.double().pow(2).sum() / (n if id(p) in rep else 1) for p in params),
-                torch.zeros((), dtype=torch.float64))
-    dist.all_reduce(local, group=group)
-    norm = local.sqrt().float()
+    n, p_ = dist.get_world_size(group), float(norm_type)
+    norms = torch.stack([torch.linalg.vector_norm(p.grad.double(), p_) for p in params])
+    if p_ == math.inf:
+        local = norms.max()
+        dist.all_reduce(local, op=dist.ReduceOp.MAX, group=group)
+        norm = local.float()
+    else:
+        weights = torch.tensor([1.0 / n if id(p) in rep else 1.0 for p in params], dtype=torch.float64)
+        local = (norms.pow(p_) * weights).sum()
+        dist.all_reduce(local, group=group)
+        norm = local.pow(1.0 / p_).float()
     if norm > max_norm:
         for p in params:
             p.grad *= max_norm / (norm + 1e-6)
     return norm
 
 
-def clip_double_count(parameters, max_norm, group=None, replicated=()):
-    return clip_ok(parameters, max_norm, group=group, replicated=())
+def clip_double_count(parameters, max_norm, norm_type=2.0, group=None, replicated=()):
+    return clip_ok(parameters, max_norm, norm_type, group=group, replicated=())
 
 
-def clip_local(parameters, max_norm, group=None, replicated=()):
-    params = [p for p in parameters if p.grad is not None]
-    return torch.nn.utils.clip_grad_norm_(params, max_norm)
+def clip_local(parameters, max_norm, norm_type=2.0, group=None, replicated=()):
+    params = [p for p in _as_list(parameters) if p.grad is not None]
+    return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
 
 
-def clip_per_param(parameters, max_norm, group=None, replicated=()):
+def clip_per_param(parameters, max_norm, norm_type=2.0, group=None, replicated=()):
     params = [p for p in parameters if p.grad is not None]
     once = {id(p) for p in replicated}
     sq = torch.zeros(())
@@ -207,7 +233,7 @@ def clip_per_param(parameters, max_norm, group=None, replicated=()):
     return total
 
 
-def clip_vector(parameters, max_norm, group=None, replicated=()):
+def clip_vector(parameters, max_norm, norm_type=2.0, group=None, replicated=()):
     """All-reduces one square per parameter in one call: right norm, more than one number."""
     params = [p for p in parameters if p.grad is not None]
     once = {id(p) for p in replicated}
@@ -221,7 +247,7 @@ def clip_vector(parameters, max_norm, group=None, replicated=()):
     return total
 
 
-def clip_add_norms(parameters, max_norm, group=None, replicated=()):
+def clip_add_norms(parameters, max_norm, norm_type=2.0, group=None, replicated=()):
     params = [p for p in parameters if p.grad is not None]
     once = {id(p) for p in replicated}
     first = dist.get_rank(group) == 0
@@ -234,45 +260,88 @@ def clip_add_norms(parameters, max_norm, group=None, replicated=()):
     return norm
 
 
-def clip_world_group(parameters, max_norm, group=None, replicated=()):
-    return clip_ok(parameters, max_norm, group=None, replicated=replicated)
+def clip_world_group(parameters, max_norm, norm_type=2.0, group=None, replicated=()):
+    return clip_ok(parameters, max_norm, norm_type, group=None, replicated=replicated)
 
 
-def clip_no_clamp(parameters, max_norm, group=None, replicated=()):
-    params = list(parameters)
-    total = clip_ok(params, float("inf"), group=group, replicated=replicated)
+def clip_no_clamp(parameters, max_norm, norm_type=2.0, group=None, replicated=()):
+    params = _as_list(parameters)
+    total = clip_ok(params, float("inf"), norm_type, group=group, replicated=replicated)
     for p in params:
         if p.grad is not None:
             p.grad.mul_(max_norm / (total + 1e-6))
     return total
 
 
-def clip_skips_replicated(parameters, max_norm, group=None, replicated=()):
-    params = [p for p in parameters if p.grad is not None]
+def clip_skips_replicated(parameters, max_norm, norm_type=2.0, group=None, replicated=()):
+    params = [p for p in _as_list(parameters) if p.grad is not None]
     rep = {id(p) for p in replicated}
     saved = {id(p): p.grad.clone() for p in params if id(p) in rep}
-    total = clip_ok(params, max_norm, group=group, replicated=replicated)
+    total = clip_ok(params, max_norm, norm_type, group=group, replicated=replicated)
     for p in params:
         if id(p) in rep:
             p.grad.copy_(saved[id(p)])
     return total
 
 
-def clip_twice_over_generator(parameters, max_norm, group=None, replicated=()):
+def clip_twice_over_generator(parameters, max_norm, norm_type=2.0, group=None, replicated=()):
     """Iterates its argument twice: a generator (model.parameters()) is empty the second time."""
-    once = {id(p) for p in replicated}
-    first = dist.get_rank(group) == 0
-    sq = torch.zeros(1)
-    for p in parameters:
-        if p.grad is not None and (id(p) not in once or first):
-            sq += p.grad.pow(2).sum()
-    dist.all_reduce(sq, group=group)
-    total = sq.sqrt()
+    if isinstance(parameters, torch.Tensor):
+        parameters = [parameters]
+    total = _norm_of([p for p in parameters if p.grad is not None], float(norm_type), group,
+                     {id(p) for p in replicated})
     coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
     for p in parameters:
         if p.grad is not None:
             p.grad.mul_(coef)
-    return total[0]
+    return total
+
+
+def clip_new_tensors(parameters, max_norm, norm_type=2.0, group=None, replicated=()):
+    """The right values, in new tensors: p.grad = p.grad * coef."""
+    params = [p for p in _as_list(parameters) if p.grad is not None]
+    total = _norm_of(params, float(norm_type), group, {id(p) for p in replicated})
+    coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    for p in params:
+        p.grad = p.grad * coef
+    return total
+
+
+def clip_data_swap(parameters, max_norm, norm_type=2.0, group=None, replicated=()):
+    """The same tensor object, its storage swapped: p.grad.data = p.grad * coef."""
+    params = [p for p in _as_list(parameters) if p.grad is not None]
+    total = _norm_of(params, float(norm_type), group, {id(p) for p in replicated})
+    coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    for p in params:
+        p.grad.data = p.grad.data * coef
+    return total
+
+
+def clip_rows(parameters, max_norm, norm_type=2.0, group=None, replicated=()):
+    """list(parameters): a single Tensor becomes its rows, which have no .grad: nothing is clipped."""
+    params = [p for p in list(parameters) if p.grad is not None]
+    total = _norm_of(params, float(norm_type), group, {id(p) for p in replicated})
+    coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    for p in params:
+        p.grad.detach().mul_(coef)
+    return total
+
+
+def clip_two_norm_only(parameters, max_norm, norm_type=2.0, group=None, replicated=()):
+    return clip_ok(parameters, max_norm, 2.0, group=group, replicated=replicated)
+
+
+def clip_inf_summed(parameters, max_norm, norm_type=2.0, group=None, replicated=()):
+    """The inf norm all-reduced with SUM: the ranks' largest |g| added."""
+    params = [p for p in _as_list(parameters) if p.grad is not None]
+    if float(norm_type) != math.inf:
+        return clip_ok(params, max_norm, norm_type, group=group, replicated=replicated)
+    local = torch.stack([p.grad.abs().max() for p in params]).max().reshape(1)
+    dist.all_reduce(local, group=group)
+    coef = (max_norm / (local + 1e-6)).clamp(max=1.0)
+    for p in params:
+        p.grad.mul_(coef)
+    return local[0]
 
 
 def test_clip_correct_passes():
@@ -290,6 +359,11 @@ def test_clip_correct_passes():
     (clip_no_clamp, "never scale up"),
     (clip_skips_replicated, "replicated ones included"),
     (clip_twice_over_generator, "generator"),
+    (clip_new_tensors, "Clip in place"),
+    (clip_data_swap, "Clip in place"),
+    (clip_rows, "a single Tensor is one parameter"),
+    (clip_two_norm_only, "with norm_type=inf the norm is the largest |g|"),
+    (clip_inf_summed, "largest |g| were added"),
 ])
 def test_clip_bugs_fail(impl, expected):
     with pytest.raises(AssertionError) as info:
