@@ -395,14 +395,13 @@ class ScalerOk:
                     found = found or not bool(torch.isfinite(p.grad).all())
         return found
 
-    def step(self, optimizer):
+    def step(self, optimizer, *args, **kwargs):
         flag = torch.tensor([1.0 if self._local_found(optimizer) else 0.0])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         self._found_inf = bool(flag.item())
         if self._found_inf:
-            return False
-        optimizer.step()
-        return True
+            return None
+        return optimizer.step(*args, **kwargs)
 
     def update(self):
         if self._found_inf:
@@ -419,26 +418,27 @@ class ScalerOk:
 
 
 class ScalerSumCount(ScalerOk):
-    """Correct alternative: count the non-finite gradients and all-reduce the count (SUM, an int64)."""
+    """Correct alternative: count the non-finite gradients and all-reduce the count (SUM, an int64); unscale with
+    torch's foreach division; the result passed on through a variable that starts as None."""
 
-    def step(self, optimizer):
+    def step(self, optimizer, *args, **kwargs):
         grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
         torch._foreach_div_(grads, self._scale)
         count = torch.tensor([sum(int((~torch.isfinite(g)).sum()) for g in grads)])
         dist.all_reduce(count, group=self.group)
         self._found_inf = count.item() > 0
+        result = None
         if not self._found_inf:
-            optimizer.step()
-        return not self._found_inf
+            result = optimizer.step(*args, **kwargs)
+        return result
 
 
 class ScalerAlone(ScalerOk):
-    def step(self, optimizer):
+    def step(self, optimizer, *args, **kwargs):
         self._found_inf = self._local_found(optimizer)
         if self._found_inf:
-            return False
-        optimizer.step()
-        return True
+            return None
+        return optimizer.step(*args, **kwargs)
 
 
 class ScalerInfOnly(ScalerOk):
@@ -446,22 +446,22 @@ class ScalerInfOnly(ScalerOk):
         found = False
         for group in optimizer.param_groups:
             for p in group["params"]:
-                p.grad.div_(self._scale)
-                found = found or bool(torch.isinf(p.grad).any())
+                if p.grad is not None:
+                    p.grad.div_(self._scale)
+                    found = found or bool(torch.isinf(p.grad).any())
         return found
 
 
 class ScalerAgreeAfter(ScalerOk):
     """Steps on its own decision, then agrees (too late: a rank already stepped)."""
 
-    def step(self, optimizer):
+    def step(self, optimizer, *args, **kwargs):
         local = self._local_found(optimizer)
-        if not local:
-            optimizer.step()
+        result = None if local else optimizer.step(*args, **kwargs)
         flag = torch.tensor([float(local)])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         self._found_inf = bool(flag.item())
-        return not local
+        return result
 
 
 class ScalerNoReset(ScalerOk):
@@ -488,42 +488,77 @@ class ScalerOffByOne(ScalerOk):
 
 class ScalerNoUnscale(ScalerOk):
     def _local_found(self, optimizer):
-        return any(not bool(torch.isfinite(p.grad).all()) for g in optimizer.param_groups for p in g["params"])
+        return any(not bool(torch.isfinite(p.grad).all()) for g in optimizer.param_groups for p in g["params"]
+                   if p.grad is not None)
 
 
 class ScalerPerParam(ScalerOk):
-    def step(self, optimizer):
+    def step(self, optimizer, *args, **kwargs):
         self._local_found(optimizer)
         found = False
         for group in optimizer.param_groups:
             for p in group["params"]:
+                if p.grad is None:
+                    continue
                 flag = torch.tensor([0.0 if bool(torch.isfinite(p.grad).all()) else 1.0])
                 dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
                 found = found or bool(flag.item())
         self._found_inf = found
-        if found:
-            return False
-        optimizer.step()
-        return True
+        return None if found else optimizer.step(*args, **kwargs)
 
 
 class ScalerWorldGroup(ScalerOk):
     """Agrees over every rank instead of the scaler's group."""
 
-    def step(self, optimizer):
+    def step(self, optimizer, *args, **kwargs):
         flag = torch.tensor([1.0 if self._local_found(optimizer) else 0.0])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         self._found_inf = bool(flag.item())
-        if self._found_inf:
-            return False
-        optimizer.step()
-        return True
+        return None if self._found_inf else optimizer.step(*args, **kwargs)
 
 
 class ScalerUpdateTalks(ScalerOk):
     def update(self):
         dist.barrier(group=self.group)
         super().update()
+
+
+class ScalerFirstGroup(ScalerOk):
+    """Unscales and looks at optimizer.param_groups[0] only."""
+
+    def _local_found(self, optimizer):
+        found = False
+        for p in optimizer.param_groups[0]["params"]:
+            if p.grad is not None:
+                p.grad.mul_(1.0 / self._scale)
+                found = found or not bool(torch.isfinite(p.grad).all())
+        return found
+
+
+class ScalerNewGrads(ScalerOk):
+    """Unscales into new tensors: p.grad = p.grad / scale (the optimizer still sees the right values)."""
+
+    def _local_found(self, optimizer):
+        found = False
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.grad = p.grad / self._scale
+                    found = found or not bool(torch.isfinite(p.grad).all())
+        return found
+
+
+class ScalerReturnsBool(ScalerOk):
+    """The notebook's earlier contract: True when it stepped, False when it skipped."""
+
+    def step(self, optimizer, *args, **kwargs):
+        super().step(optimizer, *args, **kwargs)
+        return not self._found_inf
+
+
+class ScalerDropsArguments(ScalerOk):
+    def step(self, optimizer, *args, **kwargs):
+        return super().step(optimizer)
 
 
 def test_scaler_correct_passes():
@@ -541,6 +576,10 @@ def test_scaler_correct_passes():
     (ScalerPerParam, "one flag"),
     (ScalerUpdateTalks, "update() needs no communication"),
     (ScalerWorldGroup, "group=self.group"),
+    (ScalerFirstGroup, "every parameter group"),
+    (ScalerNewGrads, "in place"),
+    (ScalerReturnsBool, "as GradScaler.step does"),
+    (ScalerDropsArguments, "passing on the arguments"),
 ])
 def test_scaler_bugs_fail(impl, expected):
     with pytest.raises(AssertionError) as info:
