@@ -1,13 +1,17 @@
 """autograder.checks.production: correct implementations pass; planted bugs lose the points with the right message.
 
 Each exercise has the notebook's way and a correct alternative written differently (a sampler built from
-arithmetic instead of padding a list; replicated parameters divided by N instead of counted on one rank; a scaler
-agreeing with a SUM of counts; a checkpoint whose current version is a symlink swapped atomically, loaded with
-np.fromfile). The bugs are the ones people make: contiguous blocks, the epoch forgotten, padding once, drop_last
-ignored; replicated parameters counted N times, no all-reduce, one all-reduce per parameter, norms added; ranks that
-decide alone, NaN not looked for, a flag agreed after stepping, a growth count not restarted; a loader that reads
-whole files or builds the whole parameter, metadata written by every rank, files overwritten in place, a commit
-without waiting for the other ranks.
+arithmetic instead of padding a list; replicated parameters divided by N instead of counted on one rank, in
+float64, clipped with ``*=``; a scaler agreeing with a SUM of counts; a checkpoint whose current version is a
+symlink swapped atomically, loaded with np.fromfile). The bugs are the ones people make: contiguous blocks, the epoch
+forgotten, padding once or from the wrong end, drop_last ignored, a message of its own for a bad rank; replicated
+parameters counted N times, no all-reduce, one all-reduce per parameter, norms added, a single Tensor iterated row by
+row, norm_type ignored, the inf norm all-reduced with SUM, gradients replaced instead of clipped in place; ranks
+that decide alone, NaN not looked for, a flag agreed after stepping, a growth count not restarted, only the first
+parameter group unscaled, gradients replaced instead of unscaled in place, True/False returned instead of the
+optimizer's result, the step's arguments dropped; a loader that reads whole files, builds the whole parameter or
+ignores the saved dtype, metadata written by every rank, files overwritten in place, a commit without waiting for
+the other ranks, the previous checkpoint deleted before the commit, the metadata rewritten in place.
 """
 
 import json
@@ -657,7 +661,7 @@ def save_symlink(shard, numel, directory):
         shutil.rmtree(target, ignore_errors=True)
         os.makedirs(target)
     dist.barrier()
-    shard.numpy().tofile(os.path.join(target, f"{rank}.raw"))
+    shard.contiguous().view(torch.uint8).numpy().tofile(os.path.join(target, f"{rank}.raw"))
     dist.barrier()
     if rank == 0:
         with open(os.path.join(target, "meta.json"), "w") as f:
@@ -668,7 +672,8 @@ def save_symlink(shard, numel, directory):
 
 
 def load_fromfile(directory):
-    """Each needed range read with np.fromfile(count=, offset=) (memory maps are refused while grading)."""
+    """Each needed range read as bytes with np.fromfile(count=, offset=) and viewed as the saved dtype (numpy has no
+    bfloat16; memory maps are refused while grading)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     with open(os.path.join(directory, "meta.json")) as f:
         numel, _, c_saved, dtype = json.load(f)
@@ -676,8 +681,8 @@ def load_fromfile(directory):
     out = torch.zeros(c, dtype=getattr(torch, dtype))
     elt = out.element_size()
     for src, off, at, n in ranges:
-        piece = np.fromfile(os.path.join(directory, f"{src}.raw"), dtype=np.dtype(dtype), count=n, offset=off * elt)
-        out[at:at + n] = torch.from_numpy(piece)
+        piece = np.fromfile(os.path.join(directory, f"{src}.raw"), dtype=np.uint8, count=n * elt, offset=off * elt)
+        out[at:at + n] = torch.from_numpy(piece).view(out.dtype)
     return out
 
 
@@ -791,6 +796,58 @@ def load_floor(directory):
     return out
 
 
+def load_float32(directory):
+    """Ignores the saved dtype: every checkpoint read as float32."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    meta = _meta(directory)
+    c, ranges = _ranges(meta, rank, world)
+    out = torch.zeros(c)
+    for src, off, at, n in ranges:
+        with open(os.path.join(directory, meta["data"], f"shard_{src}.bin"), "rb") as f:
+            f.seek(off * 4)
+            f.readinto(out[at:at + n].view(torch.uint8).numpy())
+    return out
+
+
+def _save_then(shard, numel, directory, before_commit=None, meta_in_place=False):
+    """save_ok's steps, with a change: ``before_commit`` runs on rank 0 just before the commit; ``meta_in_place``
+    writes metadata.json itself instead of a temporary file renamed onto it."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    os.makedirs(directory, exist_ok=True)
+    meta_path = os.path.join(directory, "metadata.json")
+    generation = _meta(directory)["generation"] + 1 if os.path.exists(meta_path) else 0
+    data = os.path.join(directory, f"data-{generation}")
+    if rank == 0:
+        shutil.rmtree(data, ignore_errors=True)
+        os.makedirs(data)
+    dist.barrier()
+    with open(os.path.join(data, f"shard_{rank}.bin"), "wb") as f:
+        f.write(shard.detach().contiguous().view(torch.uint8).numpy())
+    dist.barrier()
+    if rank == 0:
+        old = os.path.join(directory, f"data-{generation - 1}")
+        if before_commit:
+            before_commit(old)
+        meta = {"numel": numel, "world_size": world, "shard_numel": shard.numel(),
+                "dtype": str(shard.dtype).replace("torch.", ""), "generation": generation, "data": f"data-{generation}"}
+        with open(meta_path if meta_in_place else meta_path + ".tmp", "w") as f:
+            json.dump(meta, f)
+        if not meta_in_place:
+            os.replace(meta_path + ".tmp", meta_path)
+        shutil.rmtree(old, ignore_errors=True)
+    dist.barrier()
+
+
+def save_deletes_first(shard, numel, directory):
+    """Deletes the previous checkpoint's data after every rank has written, but before the commit."""
+    _save_then(shard, numel, directory, before_commit=lambda old: shutil.rmtree(old, ignore_errors=True))
+
+
+def save_meta_in_place(shard, numel, directory):
+    """Rewrites metadata.json in place (open(..., "w")): a crash while it is written leaves no metadata."""
+    _save_then(shard, numel, directory, meta_in_place=True)
+
+
 def test_checkpoint_correct_passes():
     check_save_sharded(save_ok, load_ok)
     check_save_sharded(save_symlink, load_fromfile)
@@ -804,6 +861,9 @@ def test_checkpoint_correct_passes():
     (save_in_place, load_ok, "interrupted"),
     (save_no_barrier, load_ok, "barrier"),
     (save_ok, load_floor, "rank r of M needs elements"),
+    (save_ok, load_float32, "dtype"),
+    (save_deletes_first, load_ok, "a crash just before rank 0 deleted"),
+    (save_meta_in_place, load_ok, "while rank 0 was writing checkpoint/metadata.json"),
 ])
 def test_checkpoint_bugs_fail(save, load, expected):
     with pytest.raises(AssertionError) as info:

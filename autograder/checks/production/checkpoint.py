@@ -12,22 +12,12 @@ import torch
 
 from .._common import call_student, draw_seed, run_on_workers, share, short
 from .._common import stop_if_any as _stop_if_any
+from .crashes import check_crashes
 from .probes import _proc_io, _stop_watching, _watch_writes
+from .reference import _padded_shard, _values
 
 #: Seconds per probe: the checkpoint probes move tens of MB through the file system of a loaded machine.
 PROBE_TIMEOUT_PRODUCTION = 60.0
-
-def _values(numel: int, dtype, tag: int):
-    """The whole parameter of checkpoint ``tag``: element i holds i + tag (exact in float32 up to 2^24)."""
-    return torch.arange(numel, dtype=torch.float64).add_(tag).to(dtype)
-
-
-def _padded_shard(full, rank: int, world: int):
-    c = -(-full.numel() // world)
-    out = torch.zeros(c, dtype=full.dtype)
-    piece = full[rank * c:(rank + 1) * c]
-    out[:piece.numel()] = piece
-    return out
 
 
 def _load_after_save(load_resharded, *args, world_size: int, what: str) -> None:
@@ -140,8 +130,11 @@ def _load_probe(load, numel, dtype_name, tag, directory, saved_world, check_memo
 
 
 def _checkpoint_plan(seed: int):
+    """Two dtypes (the first checkpoint's and the second's, never the same: a loader must take the saved one), Ψ,
+    the world sizes of the first save, of two loads and of the second save."""
     rng = random.Random(seed)
     dtype = rng.choice(["float32", "float32", "float64"])
+    second_dtype = rng.choice({"float32": ["bfloat16", "float16"], "float64": ["float32", "bfloat16"]}[dtype])
     elt = 4 if dtype == "float32" else 8
     numel = rng.randint(3 << 20, 4 << 20) // elt * 4 + rng.choice([1, 3, 5, 7])  # about 12-16 MB, never even
     first = rng.choice([2, 3])
@@ -149,18 +142,19 @@ def _checkpoint_plan(seed: int):
     # parameter shows clearly in the peak memory
     loads = [rng.choice([4, 5]), rng.choice([w for w in (1, 2, 3, 4, 5) if w != first])]
     second = rng.choice([w for w in (2, 3, 4) if w != first])
-    return dtype, numel, first, loads, second
+    return (dtype, second_dtype), numel, first, loads, second
 
 
 def check_save_sharded(save_sharded, load_resharded):
     """A checkpoint saved on N ranks loaded on M != N (odd sizes, padding): exact shards, only the needed bytes read,
     no full parameter in memory, metadata written once; a save killed half-way leaves the previous checkpoint; a
-    save over a checkpoint of another world size replaces it."""
+    save over a checkpoint of another world size and dtype replaces it; a crash at any step of a save leaves the
+    previous checkpoint or the new one (``crashes``)."""
     seed = draw_seed()
-    dtype, numel, first, loads, second = _checkpoint_plan(seed)
+    (dtype, second_dtype), numel, first, loads, second = _checkpoint_plan(seed)
     base = tempfile.mkdtemp(prefix="ckpt-check-")
     directory = os.path.join(base, "checkpoint")
-    what = f"save_sharded / load_resharded (seed {seed}, Ψ = {numel} {dtype})"
+    what = f"save_sharded / load_resharded (seed {seed}, Ψ = {numel}, {dtype} then {second_dtype})"
     try:
         run_on_workers(_save_probe, save_sharded, numel, dtype, 1, directory, world_size=first, what=what,
                        timeout=PROBE_TIMEOUT_PRODUCTION)
@@ -171,8 +165,8 @@ def check_save_sharded(save_sharded, load_resharded):
         # a save of checkpoint B during which one rank is killed: A must still load, with A's values
         die = first - 1
         try:
-            run_on_workers(_save_probe, save_sharded, numel, dtype, 2, directory, die_rank=die, world_size=first,
-                           what=what, timeout=PROBE_TIMEOUT_PRODUCTION)
+            run_on_workers(_save_probe, save_sharded, numel, second_dtype, 2, directory, die_rank=die,
+                           world_size=first, what=what, timeout=PROBE_TIMEOUT_PRODUCTION)
         except AssertionError:
             pass  # expected: rank `die` was killed, and the others stopped (or failed) in their save
         else:
@@ -189,9 +183,11 @@ def check_save_sharded(save_sharded, load_resharded):
                                  "checkpoint with os.replace / os.rename only after every rank has written "
                                  "(dist.barrier()), on rank 0.") from None
         # a complete save of B on another world size, over A: B loads
-        run_on_workers(_save_probe, save_sharded, numel, dtype, 2, directory, world_size=second, what=what,
+        run_on_workers(_save_probe, save_sharded, numel, second_dtype, 2, directory, world_size=second, what=what,
                        timeout=PROBE_TIMEOUT_PRODUCTION)
-        _load_after_save(load_resharded, numel, dtype, 2, directory, second, True,
-                         f", saved over an older checkpoint of {first} ranks", world_size=first, what=what)
+        _load_after_save(load_resharded, numel, second_dtype, 2, directory, second, True,
+                         f", saved in {second_dtype} over an older checkpoint of {first} ranks in {dtype}",
+                         world_size=first, what=what)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+    check_crashes(save_sharded, load_resharded, seed, f"save_sharded / load_resharded (seed {seed})")
