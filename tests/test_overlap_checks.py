@@ -1,14 +1,17 @@
 """autograder.checks.overlap: correct implementations pass; planted bugs lose the points with their own message.
 
 Bugs: in ``allgather_matmul`` the product before the transfer is posted, a blocking send (ordered so it does not
-deadlock), the chunks in the wrong order, the built-in all-gather, one product of the gathered input at the end;
-in ``matmul_reduce_scatter`` all partial products first, a blocking send, the wrong chunk kept, the built-in
-reduce-scatter; in ``zero_bubble_schedule`` 1F1B with B split but W right after it (no gain), W before B, too many
-warm-up forwards, a schedule that cannot run; in ``simulate_schedule`` W taking t_bwd, W waiting for the next
-stage; in ``zigzag_ring_attention`` the contiguous split's mask, all blocks computed and masked, the masked blocks
-skipped on one kind of step only (unequal work), the transfer posted after the step's products, the built-in
-all-gather. Correct alternatives: other ways of
-writing each (double buffering, W @ x.T, batch_isend_irecv, einsum, the diagonal blocks skipped block by block).
+deadlock), the chunks in the wrong order, the built-in all-gather, one product of the gathered input at the end,
+group ranks used as global ranks, no product on one rank; in ``matmul_reduce_scatter`` all partial products first,
+a blocking send, the wrong chunk kept, the built-in reduce-scatter, group ranks used as global ranks; in
+``zero_bubble_schedule`` 1F1B with B split but W right after it (no gain), W before B, too many warm-up forwards, a
+schedule that cannot run; in ``simulate_schedule`` W taking t_bwd, W waiting for the next stage, a makespan taken
+from the first stage or from the last operation simulated instead of the last one to end; in
+``zigzag_ring_attention`` the contiguous split's mask, all blocks computed and masked, the masked blocks skipped on
+one kind of step only (unequal work), the transfer posted after the step's products, the built-in all-gather, group
+ranks used as global ranks. Correct alternatives: other ways of writing each (double buffering, W @ x.T,
+batch_isend_irecv with group_peer, einsum with group_dst/group_src, the diagonal blocks skipped block by block, an
+event-driven simulator).
 """
 
 import math
@@ -449,14 +452,80 @@ def sim_w_waits_next(schedule, t_fwd, t_bwd, t_w=0.0):
             "bubble_fraction": 1 - sum(e - a for b in busy for a, e, _, _ in b) / (p * makespan)}
 
 
+def sim_events(schedule, t_fwd, t_bwd, t_w=0.0):
+    """Correct alternative: a clock that jumps from one finishing operation to the next (a heap of times); the
+    makespan is the latest end of any span."""
+    import heapq
+
+    p, cost = len(schedule), {"F": t_fwd, "B": t_bwd, "W": t_w}
+    done, nxt, free, busy = {}, [0] * p, [0.0] * p, [[] for _ in range(p)]
+    heap, waiting = [(0.0, s) for s in range(p)], set()
+    while heap:
+        _, s = heapq.heappop(heap)
+        if nxt[s] == len(schedule[s]):
+            continue
+        op, mb = schedule[s][nxt[s]]
+        deps = {"F": [(s - 1, "F", mb)] if s else [], "W": [(s, "B", mb)],
+                "B": [(s, "F", mb)] + ([(s + 1, "B", mb)] if s < p - 1 else [])}[op]
+        if any(d not in done for d in deps):
+            waiting.add(s)
+            continue
+        start = max([free[s]] + [done[d] for d in deps])
+        done[(s, op, mb)] = free[s] = start + cost[op]
+        busy[s].append((start, start + cost[op], op, mb))
+        nxt[s] += 1
+        for w in waiting | {s}:
+            heapq.heappush(heap, (free[s], w))
+        waiting.clear()
+    if any(nxt[s] < len(schedule[s]) for s in range(p)):
+        raise ValueError("this schedule deadlocks")
+    makespan = max(end for spans in busy for _, end, _, _ in spans)
+    work = sum(end - start for spans in busy for start, end, _, _ in spans)
+    return {"busy": busy, "makespan": makespan, "bubble_fraction": 1 - work / (p * makespan)}
+
+
+def sim_makespan_first_stage(schedule, t_fwd, t_bwd, t_w=0.0):
+    """The makespan read off stage 0, which ends last in GPipe, 1F1B and ZB-H1 (not when another stage owes W's)."""
+    out = reference_simulate_w(schedule, t_fwd, t_bwd, t_w)
+    makespan = out["busy"][0][-1][1]
+    work = sum(end - start for spans in out["busy"] for start, end, _, _ in spans)
+    return {"busy": out["busy"], "makespan": makespan, "bubble_fraction": 1 - work / (len(schedule) * makespan)}
+
+
+def sim_makespan_last_simulated(schedule, t_fwd, t_bwd, t_w=0.0):
+    """The makespan is the end of the operation simulated last (the sweep's order), not the latest end."""
+    p, cost = len(schedule), {"F": t_fwd, "B": t_bwd, "W": t_w}
+    done, nxt, free, busy, last = {}, [0] * p, [0.0] * p, [[] for _ in range(p)], 0.0
+    while any(nxt[s] < len(schedule[s]) for s in range(p)):
+        before = sum(nxt)
+        for s in range(p):
+            while nxt[s] < len(schedule[s]):
+                op, mb = schedule[s][nxt[s]]
+                deps = {"F": [(s - 1, "F", mb)] if s else [], "W": [(s, "B", mb)],
+                        "B": [(s, "F", mb)] + ([(s + 1, "B", mb)] if s < p - 1 else [])}[op]
+                if any(d not in done for d in deps):
+                    break
+                start = max([free[s]] + [done[d] for d in deps])
+                done[(s, op, mb)] = free[s] = last = start + cost[op]
+                busy[s].append((start, last, op, mb))
+                nxt[s] += 1
+        if sum(nxt) == before:
+            raise ValueError("this schedule deadlocks")
+    work = sum(end - start for spans in busy for start, end, _, _ in spans)
+    return {"busy": busy, "makespan": last, "bubble_fraction": 1 - work / (p * last)}
+
+
 def test_simulate_accepts_correct():
     check_simulate_schedule(sim_ok)
     check_simulate_schedule(sim_recursive)
+    check_simulate_schedule(sim_events)
 
 
 @pytest.mark.parametrize("fn, words", [
     (sim_w_costs_b, ["A W takes t_w"]),
     (sim_w_waits_next, ["expected"]),
+    (sim_makespan_first_stage, ["the last operation of any stage ends", "not the end of stage 0"]),
+    (sim_makespan_last_simulated, ["the last operation of any stage ends"]),
 ])
 def test_simulate_rejects_bugs(fn, words):
     _fails(check_simulate_schedule, fn, *words)
