@@ -11,6 +11,11 @@ import torch
 from .._common import call_student, draw_seed, run_on_workers, share, short
 from .._common import stop_if_any as _stop_if_any
 
+#: Seconds per probe before it counts as a deadlock: the first optimizer a fresh worker builds imports
+#: torch._dynamo (about 800 modules) unless its fork server preloaded it, as a notebook kernel's does; on a loaded
+#: machine that alone can pass the default 20 s.
+PROBE_TIMEOUT_SCALER = 60.0
+
 
 def _scaler_plan(seed: int, world: int, steps: int):
     """Drawn settings and, per step, {rank: 'inf' or 'nan'} for the ranks whose gradients overflow."""
@@ -230,4 +235,4 @@ def check_DynamicLossScaler(DynamicLossScaler):
     seed = draw_seed()
     for world, pairs in ((3, False), (4, True), (5, False)):
         run_on_workers(_scaler_probe, DynamicLossScaler, seed + world, 14, pairs, world_size=world,
-                       what=f"DynamicLossScaler (seed {seed})")
+                       what=f"DynamicLossScaler (seed {seed})", timeout=PROBE_TIMEOUT_SCALER)
