@@ -1,14 +1,17 @@
 """autograder.checks.overlap: correct implementations pass; planted bugs lose the points with their own message.
 
 Bugs: in ``allgather_matmul`` the product before the transfer is posted, a blocking send (ordered so it does not
-deadlock), the chunks in the wrong order, the built-in all-gather, one product of the gathered input at the end;
-in ``matmul_reduce_scatter`` all partial products first, a blocking send, the wrong chunk kept, the built-in
-reduce-scatter; in ``zero_bubble_schedule`` 1F1B with B split but W right after it (no gain), W before B, too many
-warm-up forwards, a schedule that cannot run; in ``simulate_schedule`` W taking t_bwd, W waiting for the next
-stage; in ``zigzag_ring_attention`` the contiguous split's mask, all blocks computed and masked, the masked blocks
-skipped on one kind of step only (unequal work), the transfer posted after the step's products, the built-in
-all-gather. Correct alternatives: other ways of
-writing each (double buffering, W @ x.T, batch_isend_irecv, einsum, the diagonal blocks skipped block by block).
+deadlock), the chunks in the wrong order, the built-in all-gather, one product of the gathered input at the end,
+group ranks used as global ranks, no product on one rank; in ``matmul_reduce_scatter`` all partial products first,
+a blocking send, the wrong chunk kept, the built-in reduce-scatter, group ranks used as global ranks; in
+``zero_bubble_schedule`` 1F1B with B split but W right after it (no gain), W before B, too many warm-up forwards, a
+schedule that cannot run; in ``simulate_schedule`` W taking t_bwd, W waiting for the next stage, a makespan taken
+from the first stage or from the last operation simulated instead of the last one to end; in
+``zigzag_ring_attention`` the contiguous split's mask, all blocks computed and masked, the masked blocks skipped on
+one kind of step only (unequal work), the transfer posted after the step's products, the built-in all-gather, group
+ranks used as global ranks. Correct alternatives: other ways of writing each (double buffering, W @ x.T,
+batch_isend_irecv with group_peer, einsum with group_dst/group_src, the diagonal blocks skipped block by block, an
+event-driven simulator).
 """
 
 import math
@@ -36,9 +39,15 @@ def _fails(check, fn, *words):
 # allgather_matmul
 
 
+def _peers(group, rank, world):
+    """The global ranks of the next and the previous rank on the ring of ``group``."""
+    glob = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
+    return glob((rank + 1) % world), glob((rank - 1) % world)
+
+
 def agm_ok(x_shard, weight, group=None):
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    nxt, prv = _peers(group, rank, world)
     n = x_shard.shape[0]
     out = x_shard.new_empty(world * n, weight.shape[0])
     cur = x_shard
@@ -56,21 +65,40 @@ def agm_ok(x_shard, weight, group=None):
 
 
 def agm_batch(x_shard, weight, group=None):
-    """Correct alternative: batch_isend_irecv, W @ x.T, results gathered in a list."""
-    rank, world = dist.get_rank(), dist.get_world_size()
+    """Correct alternative: batch_isend_irecv with group ranks (group_peer), W @ x.T, results gathered in a list."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
     parts, cur = [None] * world, x_shard
     for step in range(world):
         src = (rank - step) % world
         if step < world - 1:
             buf = torch.empty_like(x_shard)
-            reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, cur, (rank + 1) % world),
-                                          dist.P2POp(dist.irecv, buf, (rank - 1) % world)])
+            reqs = dist.batch_isend_irecv([
+                dist.P2POp(dist.isend, cur, group=group, group_peer=(rank + 1) % world),
+                dist.P2POp(dist.irecv, buf, group=group, group_peer=(rank - 1) % world)])
         parts[src] = (weight @ cur.T).T
         if step < world - 1:
             for r in reqs:
                 r.wait()
             cur = buf
     return torch.cat(parts)
+
+
+def agm_group_ranks(x_shard, weight, group=None):
+    """Group ranks passed where isend/irecv take global ones (right on the default group only)."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    n, cur = x_shard.shape[0], x_shard
+    out = x_shard.new_empty(world * n, weight.shape[0])
+    for step in range(world):
+        src = (rank - step) % world
+        if step < world - 1:
+            buf = torch.empty_like(x_shard)
+            reqs = [dist.isend(cur, (rank + 1) % world, group=group), dist.irecv(buf, (rank - 1) % world, group=group)]
+        out[src * n:(src + 1) * n] = cur @ weight.T
+        if step < world - 1:
+            for r in reqs:
+                r.wait()
+            cur = buf
+    return out
 
 
 def agm_matmul_first(x_shard, weight, group=None):
@@ -142,6 +170,13 @@ def agm_gather_then_one(x_shard, weight, group=None):
     return torch.cat(parts) @ weight.T
 
 
+def agm_alone_forgets_product(x_shard, weight, group=None):
+    """Right on a ring; with one rank it returns the chunk itself instead of its product with the weight."""
+    if dist.get_world_size(group) == 1:
+        return x_shard.clone()
+    return agm_ok(x_shard, weight, group)
+
+
 def test_allgather_matmul_accepts_correct():
     check_allgather_matmul(agm_ok)
     check_allgather_matmul(agm_batch)
@@ -153,6 +188,8 @@ def test_allgather_matmul_accepts_correct():
     (agm_wrong_order, ["place each where it belongs"]),
     (agm_builtin, ["torch.distributed.all_gather"]),
     (agm_gather_then_one, ["one product per chunk"]),
+    (agm_group_ranks, ["on the group of global ranks [1, 2, 3]", "isend/irecv take global ranks"]),
+    (agm_alone_forgets_product, ["1 ranks", "expected shape"]),
 ])
 def test_allgather_matmul_rejects_bugs(fn, words):
     _fails(check_allgather_matmul, fn, *words)
@@ -164,11 +201,12 @@ def test_allgather_matmul_rejects_bugs(fn, words):
 
 def mrs_ok(x, weight_shard, group=None):
     rank, world = dist.get_rank(group), dist.get_world_size(group)
+    nxt, prv = _peers(group, rank, world)
     chunks = x.chunk(world)
     acc = chunks[(rank - 1) % world] @ weight_shard.T
     for step in range(1, world):
         buf = torch.empty_like(acc)
-        reqs = [dist.isend(acc, (rank + 1) % world, group=group), dist.irecv(buf, (rank - 1) % world, group=group)]
+        reqs = [dist.isend(acc, nxt, group=group), dist.irecv(buf, prv, group=group)]
         part = chunks[(rank - 1 - step) % world] @ weight_shard.T     # the next chunk while acc travels
         for r in reqs:
             r.wait()
@@ -177,21 +215,36 @@ def mrs_ok(x, weight_shard, group=None):
 
 
 def mrs_einsum(x, weight_shard, group=None):
-    """Correct alternative: einsum, the sends kept and waited at the end."""
-    rank, world = dist.get_rank(), dist.get_world_size()
+    """Correct alternative: einsum, group ranks given as group_dst/group_src, the sends kept and waited at the end."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
     n = x.shape[0] // world
     acc = torch.einsum("ik,ok->io", x[((rank - 1) % world) * n:][:n], weight_shard)
     sends = []
     for step in range(1, world):
         buf = torch.empty_like(acc)
-        sends.append(dist.isend(acc, (rank + 1) % world))
-        recv = dist.irecv(buf, (rank - 1) % world)
+        sends.append(dist.isend(acc, group=group, group_dst=(rank + 1) % world))
+        recv = dist.irecv(buf, group=group, group_src=(rank - 1) % world)
         c = (rank - 1 - step) % world
         part = torch.einsum("ik,ok->io", x[c * n:(c + 1) * n], weight_shard)
         recv.wait()
         acc = buf + part
     for s in sends:
         s.wait()
+    return acc
+
+
+def mrs_group_ranks(x, weight_shard, group=None):
+    """Group ranks passed where isend/irecv take global ones (right on the default group only)."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    chunks = x.chunk(world)
+    acc = chunks[(rank - 1) % world] @ weight_shard.T
+    for step in range(1, world):
+        buf = torch.empty_like(acc)
+        reqs = [dist.isend(acc, (rank + 1) % world, group=group), dist.irecv(buf, (rank - 1) % world, group=group)]
+        part = chunks[(rank - 1 - step) % world] @ weight_shard.T
+        for r in reqs:
+            r.wait()
+        acc = buf + part
     return acc
 
 
@@ -256,6 +309,7 @@ def test_matmul_reduce_scatter_accepts_correct():
     (mrs_blocking, ["blocking dist."]),
     (mrs_wrong_chunk, ["rank r must end with chunk r"]),
     (mrs_builtin, ["reduce_scatter"]),
+    (mrs_group_ranks, ["on the group of global ranks [1, 2, 3]", "isend/irecv take global ranks"]),
 ])
 def test_matmul_reduce_scatter_rejects_bugs(fn, words):
     _fails(check_matmul_reduce_scatter, fn, *words)
@@ -398,14 +452,80 @@ def sim_w_waits_next(schedule, t_fwd, t_bwd, t_w=0.0):
             "bubble_fraction": 1 - sum(e - a for b in busy for a, e, _, _ in b) / (p * makespan)}
 
 
+def sim_events(schedule, t_fwd, t_bwd, t_w=0.0):
+    """Correct alternative: a clock that jumps from one finishing operation to the next (a heap of times); the
+    makespan is the latest end of any span."""
+    import heapq
+
+    p, cost = len(schedule), {"F": t_fwd, "B": t_bwd, "W": t_w}
+    done, nxt, free, busy = {}, [0] * p, [0.0] * p, [[] for _ in range(p)]
+    heap, waiting = [(0.0, s) for s in range(p)], set()
+    while heap:
+        _, s = heapq.heappop(heap)
+        if nxt[s] == len(schedule[s]):
+            continue
+        op, mb = schedule[s][nxt[s]]
+        deps = {"F": [(s - 1, "F", mb)] if s else [], "W": [(s, "B", mb)],
+                "B": [(s, "F", mb)] + ([(s + 1, "B", mb)] if s < p - 1 else [])}[op]
+        if any(d not in done for d in deps):
+            waiting.add(s)
+            continue
+        start = max([free[s]] + [done[d] for d in deps])
+        done[(s, op, mb)] = free[s] = start + cost[op]
+        busy[s].append((start, start + cost[op], op, mb))
+        nxt[s] += 1
+        for w in waiting | {s}:
+            heapq.heappush(heap, (free[s], w))
+        waiting.clear()
+    if any(nxt[s] < len(schedule[s]) for s in range(p)):
+        raise ValueError("this schedule deadlocks")
+    makespan = max(end for spans in busy for _, end, _, _ in spans)
+    work = sum(end - start for spans in busy for start, end, _, _ in spans)
+    return {"busy": busy, "makespan": makespan, "bubble_fraction": 1 - work / (p * makespan)}
+
+
+def sim_makespan_first_stage(schedule, t_fwd, t_bwd, t_w=0.0):
+    """The makespan read off stage 0, which ends last in GPipe, 1F1B and ZB-H1 (not when another stage owes W's)."""
+    out = reference_simulate_w(schedule, t_fwd, t_bwd, t_w)
+    makespan = out["busy"][0][-1][1]
+    work = sum(end - start for spans in out["busy"] for start, end, _, _ in spans)
+    return {"busy": out["busy"], "makespan": makespan, "bubble_fraction": 1 - work / (len(schedule) * makespan)}
+
+
+def sim_makespan_last_simulated(schedule, t_fwd, t_bwd, t_w=0.0):
+    """The makespan is the end of the operation simulated last (the sweep's order), not the latest end."""
+    p, cost = len(schedule), {"F": t_fwd, "B": t_bwd, "W": t_w}
+    done, nxt, free, busy, last = {}, [0] * p, [0.0] * p, [[] for _ in range(p)], 0.0
+    while any(nxt[s] < len(schedule[s]) for s in range(p)):
+        before = sum(nxt)
+        for s in range(p):
+            while nxt[s] < len(schedule[s]):
+                op, mb = schedule[s][nxt[s]]
+                deps = {"F": [(s - 1, "F", mb)] if s else [], "W": [(s, "B", mb)],
+                        "B": [(s, "F", mb)] + ([(s + 1, "B", mb)] if s < p - 1 else [])}[op]
+                if any(d not in done for d in deps):
+                    break
+                start = max([free[s]] + [done[d] for d in deps])
+                done[(s, op, mb)] = free[s] = last = start + cost[op]
+                busy[s].append((start, last, op, mb))
+                nxt[s] += 1
+        if sum(nxt) == before:
+            raise ValueError("this schedule deadlocks")
+    work = sum(end - start for spans in busy for start, end, _, _ in spans)
+    return {"busy": busy, "makespan": last, "bubble_fraction": 1 - work / (p * last)}
+
+
 def test_simulate_accepts_correct():
     check_simulate_schedule(sim_ok)
     check_simulate_schedule(sim_recursive)
+    check_simulate_schedule(sim_events)
 
 
 @pytest.mark.parametrize("fn, words", [
     (sim_w_costs_b, ["A W takes t_w"]),
     (sim_w_waits_next, ["expected"]),
+    (sim_makespan_first_stage, ["the last operation of any stage ends", "not the end of stage 0"]),
+    (sim_makespan_last_simulated, ["the last operation of any stage ends"]),
 ])
 def test_simulate_rejects_bugs(fn, words):
     _fails(check_simulate_schedule, fn, *words)
@@ -422,8 +542,9 @@ def _fold(state, scores, v):
     return m_new, l * shrink + p.sum(-1, keepdim=True), acc * shrink + p @ v
 
 
-def _zigzag(q, k, v, mode="ok"):
-    rank, world = dist.get_rank(), dist.get_world_size()
+def _zigzag(q, k, v, mode="ok", group=None):
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    nxt, prv = ((rank + 1) % world, (rank - 1) % world) if mode == "group_ranks" else _peers(group, rank, world)
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))               # (B, H, 2c, D)
     c = q.shape[2] // 2
     q = q / math.sqrt(q.shape[-1])
@@ -435,7 +556,7 @@ def _zigzag(q, k, v, mode="ok"):
         src = (rank - step) % world
         if step < world - 1 and mode != "late":
             buf = torch.empty_like(kv)
-            reqs = [dist.isend(kv, (rank + 1) % world), dist.irecv(buf, (rank - 1) % world)]
+            reqs = [dist.isend(kv, nxt, group=group), dist.irecv(buf, prv, group=group)]
         theirs = [src, 2 * world - 1 - src]
         if mode == "contiguous":
             qpos = torch.arange(2 * c) + 2 * c * rank
@@ -469,7 +590,7 @@ def _zigzag(q, k, v, mode="ok"):
                     state = tuple(_put(s, qs, p) for s, p in zip(state, part))
         if step < world - 1 and mode == "late":                        # the transfer after the products
             buf = torch.empty_like(kv)
-            reqs = [dist.isend(kv, (rank + 1) % world), dist.irecv(buf, (rank - 1) % world)]
+            reqs = [dist.isend(kv, nxt, group=group), dist.irecv(buf, prv, group=group)]
         if step < world - 1:
             for r in reqs:
                 r.wait()
@@ -494,13 +615,14 @@ def _fold_masked(state, scores, v):
 
 
 def zz_ok(q, k, v, group=None):
-    return _zigzag(q, k, v, "blocks")
+    return _zigzag(q, k, v, "blocks", group)
 
 
 def zz_halves(q, k, v, group=None):
     """Correct alternative: the reference layout of zig-zag ring attention implementations: own chunks as one
     masked 2c x 2c block, earlier ranks' first chunk against both queries, later ranks' k/v against the second."""
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    nxt, prv = _peers(group, rank, world)
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
     c = qt.shape[2] // 2
     qt = qt / math.sqrt(qt.shape[-1])
@@ -511,7 +633,7 @@ def zz_halves(q, k, v, group=None):
         src = (rank - step) % world
         if step < world - 1:
             buf = torch.empty_like(kv)
-            reqs = [dist.isend(kv, (rank + 1) % world), dist.irecv(buf, (rank - 1) % world)]
+            reqs = [dist.isend(kv, nxt, group=group), dist.irecv(buf, prv, group=group)]
         if step == 0:
             qpos = torch.cat([torch.arange(c) + c * rank, torch.arange(c) + c * (2 * world - 1 - rank)])
             sc = (qt @ kv[0].transpose(-2, -1)).masked_fill(qpos[None, :] > qpos[:, None], -math.inf)
@@ -545,6 +667,10 @@ def zz_lopsided(q, k, v, group=None):
     return _zigzag(q, k, v, "lopsided")
 
 
+def zz_group_ranks(q, k, v, group=None):
+    return _zigzag(q, k, v, "group_ranks", group)
+
+
 def zz_builtin(q, k, v, group=None):
     world = dist.get_world_size()
     ks, vs = [torch.empty_like(k) for _ in range(world)], [torch.empty_like(v) for _ in range(world)]
@@ -564,6 +690,7 @@ def test_zigzag_accepts_correct():
     (zz_dense, ["skip the blocks that are entirely masked"]),
     (zz_lopsided, ["the same work"]),
     (zz_builtin, ["torch.distributed.all_gather"]),
+    (zz_group_ranks, ["on the group of global ranks [1, 2, 3]", "isend/irecv take global ranks"]),
 ])
 def test_zigzag_rejects_bugs(fn, words):
     _fails(check_zigzag_ring_attention, fn, *words)

@@ -3,9 +3,11 @@
 
 How they judge *how* an answer was computed, below the student's Python:
 
-* ``allgather_matmul`` and ``matmul_reduce_scatter`` run on an odd ring (3 ranks) and an even one with drawn shapes
-  and dtypes. ``CommCounter`` must show point-to-point messages only (no ``all_gather`` or ``reduce_scatter``),
-  with the ring neighbours, exactly N − 1 messages of one chunk each. An ``OrderLog`` (``probes``) puts every
+* ``allgather_matmul``, ``matmul_reduce_scatter`` and ``zigzag_ring_attention`` run on an odd ring (3 ranks), an
+  even one, and a ring of a group of global ranks 1, 2, 3 of 4 workers (group rank r is global rank r + 1, so a
+  ring that takes one for the other fails), with drawn shapes and dtypes. For the first two, ``CommCounter`` must
+  show point-to-point messages only (no ``all_gather`` or ``reduce_scatter``), with the ring neighbours, exactly
+  N − 1 messages of one chunk each. An ``OrderLog`` (``probes``) puts every
   posted transfer, every ``wait()`` and every matrix product (seen by an ``aten`` dispatch mode, whatever Python
   wrote it) in one sequence: there must be N products of one chunk each, and the transfer of each ring step must
   be posted with isend/irecv *before* the product it overlaps and waited for *after* that product began.
@@ -16,8 +18,9 @@ How they judge *how* an answer was computed, below the student's Python:
 * ``zero_bubble_schedule``: every F, B, W once per stage in micro-batch order, F < B < W per micro-batch, a schedule
   that can run, a makespan no longer than ZB-H1's with t_F = t_B = t_W (below 1F1B's), and at most 1F1B's peak of
   micro-batches in flight (F to W) on any stage.
-* ``simulate_schedule``: spans, makespan and bubble against a reference sweep, on ZB-H1, 1F1B and GPipe without W
-  and random valid orders with W.
+* ``simulate_schedule``: spans, makespan and bubble against a reference sweep, on ZB-H1, 1F1B and GPipe without W,
+  random valid orders with W, and a ZB-H1 whose middle stage ends last (a makespan read off one stage, or off the
+  operation simulated last, is not the last end).
 """
 
 from __future__ import annotations

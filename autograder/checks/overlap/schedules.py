@@ -46,6 +46,9 @@ def check_simulate_schedule(simulate_schedule) -> None:
         cases.append((f"a random valid order with W (p={p}, m={m})", random_valid_schedule_w(p, m, rng), times))
     p, m = rng.randint(2, 5), rng.randint(2, 8)
     cases.append((f"ZB-H1 (p={p}, m={m})", reference_zero_bubble(p, m), (1.1, 0.9, 0.6)))
+    late = reference_zero_bubble(4, 3)  # stage 1 puts off all its W's: it ends last, after stage 0 and stage 3
+    late[1] = [op for op in late[1] if op[0] != "W"] + [("W", mb) for mb in range(3)]
+    cases.append(("ZB-H1 (p=4, m=3) with stage 1's W's all at its end", late, (0.9, 1.1, 2.3)))
     for name, schedule, (tf, tb, tw) in cases:
         what = f"simulate_schedule on {name}, t_fwd={tf}, t_bwd={tb}, t_w={tw} (seed {seed})"
         got = _call(simulate_schedule, what, [list(ops) for ops in schedule], tf, tb, tw)
@@ -73,7 +76,12 @@ def check_simulate_schedule(simulate_schedule) -> None:
                     raise AssertionError(f"{what}: stage {s}, {op}{mb} runs from {a:.4g} to {b:.4g}, expected "
                                          f"{ea:.4g} to {eb:.4g}.{hint}")
         if not math.isclose(got["makespan"], ref["makespan"], abs_tol=1e-9):
-            raise AssertionError(f"{what}: makespan {got['makespan']}, expected {ref['makespan']}.")
+            ends = [spans[-1][1] for spans in ref["busy"] if spans]
+            last = max(range(len(ends)), key=ends.__getitem__)
+            same = [s for s, end in enumerate(ends) if math.isclose(got["makespan"], end, abs_tol=1e-9)]
+            raise AssertionError(f"{what}: makespan {got['makespan']}, expected {ref['makespan']}: the makespan is "
+                                 f"when the last operation of any stage ends (here stage {last}'s last)"
+                                 + (f", not the end of stage {same[0]}" if same else "") + ".")
         if not math.isclose(got["bubble_fraction"], ref["bubble_fraction"], abs_tol=1e-9):
             raise AssertionError(f"{what}: bubble_fraction {got['bubble_fraction']}, expected "
                                  f"{ref['bubble_fraction']} (1 − busy time of all stages / (p · makespan)).")

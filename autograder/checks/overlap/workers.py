@@ -3,8 +3,10 @@
 
 Each probe draws its inputs from a seed shared by all ranks (so every rank can build the one-process oracle),
 calls the student's function under ``CommCounter`` and an ``OrderLog``, and judges on that rank. Every case ends
-with one small all-reduce outside the recorded region through which the ranks agree whether one found a problem,
-so a wrong answer never turns into a deadlock of the check itself.
+with one small all-gather outside the recorded region through which the ranks share the problems they found, so a
+wrong answer never turns into a deadlock of the check itself and every rank reports the same one. Each check runs
+on the default group (an odd ring and an even one) and on a group of global ranks 1, 2, 3 of 4 workers, whose group
+rank r is global rank r + 1.
 """
 
 from __future__ import annotations
@@ -21,16 +23,44 @@ from .reference import dense_causal, zigzag_positions
 DTYPES = (torch.float32, torch.float64)
 
 
+#: The ring of the subgroup case: 4 workers, rank 0 outside it, so that group rank r is never global rank r.
+SUBGROUP = (1, 2, 3)
+
+#: What a subgroup case adds to a failure's message.
+GROUP_HINT = (" With a group, dist.isend/irecv take global ranks: the neighbours of group rank r = "
+              "dist.get_rank(group) are dist.get_global_rank(group, (r ± 1) % N), or pass group=group with those.")
+
+
 def _world_sizes(rng: random.Random) -> list:
     return [3, rng.choice([2, 4])]  # an odd ring always, and an even one
 
 
-def _agree(problem):
+def _ring(ring):
+    """(this rank's place in the ring or None outside it, the ring's size, its group or None, its global ranks,
+    words for the label): the default group when ``ring`` is None, else a group of the global ranks ``ring``, which
+    every rank makes (``dist.new_group`` is called by all)."""
     import torch.distributed as dist
 
-    flag = torch.tensor([0 if problem is None else 1])
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
+    me = dist.get_rank()
+    if ring is None:
+        world = dist.get_world_size()
+        return me, world, None, list(range(world)), ""
+    group = dist.new_group(list(ring))
+    where = f", on the group of global ranks {list(ring)} of {dist.get_world_size()}"
+    return (list(ring).index(me) if me in ring else None), len(ring), group, list(ring), where
+
+
+def _group_kwargs(group) -> dict:
+    return {} if group is None else {"group": group}
+
+
+def _stop_on_any(problem) -> None:
+    """Called by every rank: all raise the first problem any rank found (a rank outside the ring has none)."""
+    from .._common import share
+
+    found = [p for p in share(problem) if p]
+    if found:
+        raise AssertionError(found[0])
 
 
 def _call(fn, what, *args, **kwargs):
@@ -53,11 +83,13 @@ def _refused(log, cc, label: str) -> str | None:
             "only; the built-in collective is what this exercise takes apart.")
 
 
-def _traffic_problem(cc, what: str, steps: int, chunk_bytes: int, chunk_name: str) -> str | None:
-    """The ring's traffic: point-to-point only, to one neighbour each way, ``steps`` messages of one chunk each."""
+def _traffic_problem(cc, what: str, steps: int, chunk_bytes: int, chunk_name: str, ring: list) -> str | None:
+    """The ring's traffic: point-to-point only, to one neighbour each way (global ranks ``ring`` in ring order),
+    ``steps`` messages of one chunk each."""
     import torch.distributed as dist
 
-    rank, world = dist.get_rank(), dist.get_world_size()
+    me, world = dist.get_rank(), len(ring)
+    rank = ring.index(me)
     others = sorted(cc.kinds - {"send", "recv"})
     if others:
         built_in = {"all_gather": "all_gather", "all_gather_into_tensor": "all_gather",
@@ -65,9 +97,12 @@ def _traffic_problem(cc, what: str, steps: int, chunk_bytes: int, chunk_name: st
         name = built_in.get(others[0], others[0])
         return (f"{what} called torch.distributed.{name} on rank {rank}: build the ring from isend/irecv only; "
                 "the built-in collective is what this exercise takes apart.")
-    neighbours = {(rank + 1) % world, (rank - 1) % world}
+    neighbours = {ring[(rank + 1) % world], ring[(rank - 1) % world]}
     far = sorted({c.peer for c in cc.calls if c.peer is not None} - neighbours)
     if far:
+        if ring != list(range(dist.get_world_size())):
+            return (f"{what}: group rank {rank} (global rank {me}) exchanged messages with global rank {far[0]}, "
+                    f"which is not its neighbour on the ring (global ranks {sorted(neighbours)})." + GROUP_HINT)
         return (f"rank {rank} exchanged messages with rank {far[0]}, which is not a neighbour on the ring: each rank "
                 f"sends to one neighbour and receives from the other.")
     sent = [c.nbytes for c in cc.calls if c.kind == "send"]
@@ -109,20 +144,23 @@ def _overlap_problem(log: OrderLog, what: str, products: list, steps: int, needs
 # allgather_matmul
 
 
-def _agm_case(allgather_matmul, seed: int, dtype, rows: int, k: int, out: int):
-    import torch.distributed as dist
-
+def _agm_case(allgather_matmul, seed: int, dtype, rows: int, k: int, out: int, ring=None):
     from labsupport import CommCounter
 
-    rank, world = dist.get_rank(), dist.get_world_size()
-    label = f"allgather_matmul (seed {seed}, {world} ranks, x_shard {rows}x{k}, weight {out}x{k}, {str(dtype)[6:]})"
+    rank, world, group, members, where = _ring(ring)
+    if rank is None:  # outside the ring
+        return _stop_on_any(None)
+    label = (f"allgather_matmul (seed {seed}, {world} ranks{where}, x_shard {rows}x{k}, weight {out}x{k}, "
+             f"{str(dtype)[6:]})")
     gen = torch.Generator().manual_seed(seed)
     shards = [torch.randn(rows, k, generator=gen, dtype=dtype) for _ in range(world)]
     weight = torch.randn(out, k, generator=gen, dtype=dtype)
     expected = torch.cat(shards) @ weight.T
     mine, w = shards[rank].clone(), weight.clone()
     with CommCounter() as cc, OrderLog() as log:
-        got, problem = _call(allgather_matmul, "allgather_matmul", mine, w)
+        got, problem = _call(allgather_matmul, "allgather_matmul", mine, w, **_group_kwargs(group))
+    if problem and group is not None:
+        problem = f"{label}: {problem}.{GROUP_HINT}"
     problem = _refused(log, cc, label) or problem
     if problem is None and not (torch.equal(mine, shards[rank]) and torch.equal(w, weight)):
         problem = f"{label}: rank {rank}'s x_shard or weight was changed; leave the inputs untouched."
@@ -151,11 +189,10 @@ def _agm_case(allgather_matmul, seed: int, dtype, rows: int, k: int, out: int):
                        f"compute one product per chunk ({world} of {rows} rows each) as each chunk is here, not one "
                        "product of the gathered input once every transfer is over.")
     if problem is None:
-        problem = _traffic_problem(cc, label, world - 1, rows * k * mine.element_size(), "x_shard")
+        problem = _traffic_problem(cc, label, world - 1, rows * k * mine.element_size(), "x_shard", members)
     if problem is None:
         problem = _overlap_problem(log, label, products, world - 1, ("send", "recv"), first=0)
-    if _agree(problem):
-        raise AssertionError(problem or f"{label}: another rank found a problem")
+    _stop_on_any(problem)
 
 
 def check_allgather_matmul(allgather_matmul) -> None:
@@ -165,20 +202,25 @@ def check_allgather_matmul(allgather_matmul) -> None:
         rows, k, out = rng.choice([2, 3, 5]), rng.choice([7, 9]), rng.choice([4, 6, 11])
         run_on_workers(_agm_case, allgather_matmul, rng.randrange(2**31), rng.choice(DTYPES), rows, k, out,
                        world_size=world, what="allgather_matmul")
+    rows, k, out = rng.choice([2, 3, 5]), rng.choice([7, 9]), rng.choice([4, 6, 11])
+    run_on_workers(_agm_case, allgather_matmul, rng.randrange(2**31), rng.choice(DTYPES), rows, k, out, SUBGROUP,
+                   world_size=4, what=f"allgather_matmul on a group of global ranks {list(SUBGROUP)}")
+    run_on_workers(_agm_case, allgather_matmul, rng.randrange(2**31), rng.choice(DTYPES), rows, k, out,
+                   world_size=1, what="allgather_matmul on one rank")
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # matmul_reduce_scatter
 
 
-def _mrs_case(matmul_reduce_scatter, seed: int, dtype, rows: int, k: int, out: int):
-    import torch.distributed as dist
-
+def _mrs_case(matmul_reduce_scatter, seed: int, dtype, rows: int, k: int, out: int, ring=None):
     from labsupport import CommCounter
 
-    rank, world = dist.get_rank(), dist.get_world_size()
-    label = (f"matmul_reduce_scatter (seed {seed}, {world} ranks, x {world * rows}x{k}, weight_shard {out}x{k}, "
-             f"{str(dtype)[6:]})")
+    rank, world, group, members, where = _ring(ring)
+    if rank is None:  # outside the ring
+        return _stop_on_any(None)
+    label = (f"matmul_reduce_scatter (seed {seed}, {world} ranks{where}, x {world * rows}x{k}, weight_shard "
+             f"{out}x{k}, {str(dtype)[6:]})")
     gen = torch.Generator().manual_seed(seed)
     xs = [torch.randn(world * rows, k, generator=gen, dtype=dtype) for _ in range(world)]
     ws = [torch.randn(out, k, generator=gen, dtype=dtype) for _ in range(world)]
@@ -186,7 +228,9 @@ def _mrs_case(matmul_reduce_scatter, seed: int, dtype, rows: int, k: int, out: i
     expected = full[rank * rows:(rank + 1) * rows]
     x, w = xs[rank].clone(), ws[rank].clone()
     with CommCounter() as cc, OrderLog() as log:
-        got, problem = _call(matmul_reduce_scatter, "matmul_reduce_scatter", x, w)
+        got, problem = _call(matmul_reduce_scatter, "matmul_reduce_scatter", x, w, **_group_kwargs(group))
+    if problem and group is not None:
+        problem = f"{label}: {problem}.{GROUP_HINT}"
     problem = _refused(log, cc, label) or problem
     if problem is None and not (torch.equal(x, xs[rank]) and torch.equal(w, ws[rank])):
         problem = f"{label}: rank {rank}'s x or weight_shard was changed; leave the inputs untouched."
@@ -213,11 +257,11 @@ def _mrs_case(matmul_reduce_scatter, seed: int, dtype, rows: int, k: int, out: i
                        f"compute the partial result chunk by chunk ({world} products of {rows} rows), sending each "
                        "while the next is computed, not one product of the whole x.")
     if problem is None:
-        problem = _traffic_problem(cc, label, world - 1, rows * out * x.element_size(), "partial-result chunk")
+        problem = _traffic_problem(cc, label, world - 1, rows * out * x.element_size(), "partial-result chunk",
+                                   members)
     if problem is None:
         problem = _overlap_problem(log, label, products, world - 1, ("send", "recv"), first=1)
-    if _agree(problem):
-        raise AssertionError(problem or f"{label}: another rank found a problem")
+    _stop_on_any(problem)
 
 
 def check_matmul_reduce_scatter(matmul_reduce_scatter) -> None:
@@ -227,6 +271,9 @@ def check_matmul_reduce_scatter(matmul_reduce_scatter) -> None:
         rows, k, out = rng.choice([2, 3, 5]), rng.choice([7, 9]), rng.choice([4, 6, 11])
         run_on_workers(_mrs_case, matmul_reduce_scatter, rng.randrange(2**31), rng.choice(DTYPES), rows, k, out,
                        world_size=world, what="matmul_reduce_scatter")
+    rows, k, out = rng.choice([2, 3, 5]), rng.choice([7, 9]), rng.choice([4, 6, 11])
+    run_on_workers(_mrs_case, matmul_reduce_scatter, rng.randrange(2**31), rng.choice(DTYPES), rows, k, out,
+                   SUBGROUP, world_size=4, what=f"matmul_reduce_scatter on a group of global ranks {list(SUBGROUP)}")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -239,17 +286,19 @@ def block_products(log: OrderLog, batch: int, heads: int, chunk: int, head_dim: 
     return sum(p["flops"] for p in log.products) / (4 * batch * heads * chunk * chunk * head_dim)
 
 
-def _zz_case(zigzag_ring_attention, seed: int, dtype, batch: int, chunk: int, heads: int, head_dim: int):
-    import torch.distributed as dist
-
+def _zz_case(zigzag_ring_attention, seed: int, dtype, batch: int, chunk: int, heads: int, head_dim: int,
+             ring=None):
     from labsupport import CommCounter
 
     from .._common import share
 
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world, group, members, where = _ring(ring)
+    if rank is None:  # outside the ring
+        share(None)
+        return _stop_on_any(None)
     S = 2 * world * chunk
-    label = (f"zigzag_ring_attention (seed {seed}, {world} ranks, B={batch}, S={S}, H={heads}, D={head_dim}, "
-             f"{str(dtype)[6:]})")
+    label = (f"zigzag_ring_attention (seed {seed}, {world} ranks{where}, B={batch}, S={S}, H={heads}, "
+             f"D={head_dim}, {str(dtype)[6:]})")
     gen = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(batch, S, heads, head_dim, generator=gen, dtype=dtype) for _ in range(3))
     pos = torch.tensor(zigzag_positions(world, rank, chunk))
@@ -257,7 +306,9 @@ def _zz_case(zigzag_ring_attention, seed: int, dtype, batch: int, chunk: int, he
     mine = [t[:, pos].clone() for t in (q, k, v)]
     kept = [t.clone() for t in mine]
     with CommCounter() as cc, OrderLog() as log:
-        got, problem = _call(zigzag_ring_attention, "zigzag_ring_attention", *mine)
+        got, problem = _call(zigzag_ring_attention, "zigzag_ring_attention", *mine, **_group_kwargs(group))
+    if problem and group is not None:
+        problem = f"{label}: {problem}.{GROUP_HINT}"
     if log.refused:
         problem = (f"{label}: rank {rank} called torch.distributed.{log.refused}: pass k and v around the ring "
                    "with isend/irecv, so that no rank ever holds the whole sequence's keys and values.")
@@ -278,13 +329,14 @@ def _zz_case(zigzag_ring_attention, seed: int, dtype, batch: int, chunk: int, he
     if problem is None:
         kv_bytes = sum(t.numel() * t.element_size() for t in mine[1:])
         others = sorted(cc.kinds - {"send", "recv"})
-        neighbours = {(rank + 1) % world, (rank - 1) % world}
+        neighbours = {members[(rank + 1) % world], members[(rank - 1) % world]}
         far = sorted({c.peer for c in cc.calls if c.peer is not None} - neighbours)
         if others:
             problem = (f"{label}: rank {rank} called torch.distributed.{others[0]}: pass k and v around the ring "
                        "with isend/irecv, so that no rank ever holds the whole sequence's keys and values.")
         elif far:
-            problem = f"{label}: rank {rank} exchanged messages with rank {far[0]}, which is not its ring neighbour."
+            problem = (f"{label}: rank {rank} exchanged messages with global rank {far[0]}, which is not its ring "
+                       f"neighbour (global ranks {sorted(neighbours)})." + (GROUP_HINT if group is not None else ""))
         elif cc.bytes_sent != (world - 1) * kv_bytes:
             problem = (f"{label}: rank {rank} sent {cc.bytes_sent} bytes; the ring passes this rank's k and v on "
                        f"{world - 1} time(s): {(world - 1) * kv_bytes} bytes.")
@@ -303,7 +355,8 @@ def _zz_case(zigzag_ring_attention, seed: int, dtype, batch: int, chunk: int, he
             if problem:
                 break
     count = block_products(log, batch, heads, chunk, head_dim)
-    counts = share(count)
+    everyone = share(count)
+    counts = [everyone[g] for g in members]
     if problem is None:
         low, high = min(counts), max(counts)
         needed = 2 * world + 1
@@ -315,8 +368,7 @@ def _zz_case(zigzag_ring_attention, seed: int, dtype, batch: int, chunk: int, he
             problem = (f"{label}: every rank computed {round(high, 2)} block products; causal attention on this split "
                        f"needs {needed} (at most {needed + 1} when a rank's own two chunks are done as one masked "
                        "block): skip the blocks that are entirely masked.")
-    if _agree(problem):
-        raise AssertionError(problem or f"{label}: another rank found a problem")
+    _stop_on_any(problem)
     return count
 
 
@@ -335,3 +387,6 @@ def check_zigzag_ring_attention(zigzag_ring_attention) -> None:
         run_on_workers(_zz_case, zigzag_ring_attention, rng.randrange(2**31), rng.choice(DTYPES),
                        rng.choice([1, 2]), rng.choice([2, 3]), rng.choice([1, 2]), rng.choice([4, 5]),
                        world_size=world, what="zigzag_ring_attention")
+    run_on_workers(_zz_case, zigzag_ring_attention, rng.randrange(2**31), rng.choice(DTYPES), rng.choice([1, 2]),
+                   rng.choice([2, 3]), rng.choice([1, 2]), rng.choice([4, 5]), SUBGROUP, world_size=4,
+                   what=f"zigzag_ring_attention on a group of global ranks {list(SUBGROUP)}")

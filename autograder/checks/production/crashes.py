@@ -1,0 +1,198 @@
+"""A crash at every step of a save (09, exercise 4): the previous checkpoint or the new one must load, complete.
+
+A small checkpoint A is saved on 3 ranks; then B (another dtype, other values) is saved over it on 2 ranks while
+every rank's audit hook (``probes``) stops the save just before each step that changes what is on disk, and copies
+the whole folder the checkpoint lives in: what a crash of the job at that moment would leave. An ``open`` that
+creates or empties a file gives a second copy with that file empty (a crash while it was being written). The ranks
+take those copies one at a time (a lock file); a copy during which another rank renamed or deleted something is
+taken again, so that every copy is a state the folder was really in. Then ``load_resharded`` on 3 ranks reads each
+distinct state: every rank must get its shard of A, or every rank its shard of B.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import shutil
+import tempfile
+
+import torch
+
+from .._common import call_student, run_on_workers, short
+from .probes import _stop_steps, _watch_steps
+from .reference import _padded_shard, _values
+
+#: Seconds per probe of the crash sweep: a few hundred elements, but dozens of copies on a loaded machine.
+PROBE_TIMEOUT_CRASHES = 60.0
+
+
+def _listing(root: str) -> list:
+    """Every name under ``root`` with its inode (and a symlink's target): what a rename or a delete changes."""
+    out = []
+    for folder, dirs, files in os.walk(root):
+        for name in sorted(dirs + files):
+            path = os.path.join(folder, name)
+            try:
+                st = os.lstat(path)
+                link = os.readlink(path) if os.path.islink(path) else None
+            except OSError:
+                continue
+            out.append((os.path.relpath(path, root), st.st_ino, link))
+    return sorted(out)
+
+
+def _copy(src: str, dst: str) -> None:
+    """``src`` copied to ``dst``, symlinks as symlinks (an absolute one into ``src`` pointing into ``dst``)."""
+    shutil.copytree(src, dst, symlinks=True)
+    for folder, dirs, files in os.walk(dst):
+        for name in dirs + files:
+            path = os.path.join(folder, name)
+            target = os.readlink(path) if os.path.islink(path) else None
+            if target and os.path.isabs(target) and (target + os.sep).startswith(src + os.sep):
+                os.remove(path)
+                os.symlink(dst + target[len(src):], path)
+
+
+def _fingerprint(root: str) -> str:
+    """The names, symlink targets and file contents under ``root``: equal for equal states."""
+    h = hashlib.sha256()
+    for folder, dirs, files in sorted(os.walk(root)):
+        for name in sorted(dirs + files):
+            path = os.path.join(folder, name)
+            h.update(os.path.relpath(path, root).encode() + b"\0")
+            if os.path.islink(path):
+                h.update(b"link:" + os.readlink(path).encode())
+            elif os.path.isfile(path):
+                with open(path, "rb") as f:
+                    h.update(hashlib.sha256(f.read()).digest())
+    return h.hexdigest()
+
+
+def _snapshotter(root: str, states: str, lock: str, taken: list):
+    """The callback for ``probes._watch_steps``: copy ``root`` into ``states`` before each step."""
+    import fcntl
+
+    def take(description: str, emptied: str | None) -> None:
+        with open(lock, "a") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            try:
+                for version in ((False, True) if emptied else (False,)):
+                    name = os.path.join(states, f"{len(os.listdir(states)):04d}")
+                    for _ in range(50):  # again while another rank renamed or deleted something during the copy
+                        shutil.rmtree(name, ignore_errors=True)
+                        before = _listing(root)
+                        try:
+                            _copy(root, name)
+                        except (OSError, shutil.Error):
+                            continue
+                        if _listing(root) == before:
+                            break
+                    if version:
+                        target = os.path.join(name, os.path.relpath(emptied, root))
+                        with open(target, "wb"):
+                            pass
+                    taken.append((os.path.basename(name), description, version))
+            finally:
+                fcntl.flock(held, fcntl.LOCK_UN)
+
+    return take
+
+
+def _save_probe(save, numel, dtype_name, tag, directory, root=None, states=None, lock=None):
+    """Every rank saves its shard of checkpoint ``tag``; with ``states``, copying ``root`` before each step."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    shard = _padded_shard(_values(numel, getattr(torch, dtype_name), tag), rank, world)
+    taken = []
+    if states is not None:
+        _watch_steps(root, _snapshotter(os.path.realpath(root), states, lock, taken))
+    try:
+        call_student(f"save_sharded(shard, {numel}, directory) on {world} ranks", save, shard, numel, directory)
+    finally:
+        _stop_steps()
+    return taken
+
+
+def _load_probe(load, numel, versions, directories):
+    """For each directory, what ``load_resharded`` gave this rank: "A", "B", or what went wrong."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    shards = {name: _padded_shard(_values(numel, getattr(torch, dtype), tag), rank, world)
+              for name, (dtype, tag) in versions.items()}
+    out = []
+    for directory in directories:
+        try:
+            got = load(directory)
+        except NotImplementedError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure to load is what the crash left
+            out.append(f"rank {rank} raised {type(exc).__name__}: {str(exc)[:300]}")
+            continue
+        for name, shard in shards.items():
+            if isinstance(got, torch.Tensor) and got.dtype == shard.dtype and got.shape == shard.shape and \
+                    torch.equal(got, shard):
+                out.append(name)
+                break
+        else:
+            out.append(f"rank {rank} got {short(got)}, neither checkpoint's shard")
+    return out
+
+
+def _outcome(verdicts: list) -> str | None:
+    """None when every rank loaded A or every rank B, else what went wrong, in words."""
+    if all(v == "A" for v in verdicts) or all(v == "B" for v in verdicts):
+        return None
+    wrong = [v for v in verdicts if v not in ("A", "B")]
+    if wrong:
+        return wrong[0]
+    old = [r for r, v in enumerate(verdicts) if v == "A"]
+    return f"ranks {old} loaded the previous checkpoint and the others the new one"
+
+
+def check_crashes(save_sharded, load_resharded, seed: int, what: str) -> None:
+    """A crash just before every step of a save of B over A (and while each file it creates is written): the folder
+    then loads as A or as B on every rank."""
+    rng = random.Random(seed)
+    numel = 2 * rng.randint(150, 400) + 1
+    dtype_a, dtype_b = rng.choice([("float32", "float64"), ("float64", "float32"), ("float32", "bfloat16")])
+    base = os.path.realpath(tempfile.mkdtemp(prefix="ckpt-crashes-"))
+    root, states, lock = (os.path.join(base, name) for name in ("folder", "states", "lock"))
+    directory = os.path.join(root, "checkpoint")
+    label = f"{what}, a crash at every step of a save (Ψ = {numel})"
+    try:
+        os.makedirs(root)
+        os.makedirs(states)
+        run_on_workers(_save_probe, save_sharded, numel, dtype_a, 1, directory, world_size=3, what=label,
+                       timeout=PROBE_TIMEOUT_CRASHES)
+        taken = run_on_workers(_save_probe, save_sharded, numel, dtype_b, 2, directory, root, states, lock,
+                               world_size=2, what=label, timeout=PROBE_TIMEOUT_CRASHES)
+        points = sorted((name, rank, description, emptied) for rank, steps in enumerate(taken)
+                        for name, description, emptied in steps)
+        first = {}  # one load per distinct state: its first crash point
+        for name, rank, description, emptied in points:
+            first.setdefault(_fingerprint(os.path.join(states, name)), (name, rank, description, emptied))
+        distinct = sorted(first.values())
+        verdicts = run_on_workers(_load_probe, load_resharded, numel, {"A": (dtype_a, 1), "B": (dtype_b, 2)},
+                                  [os.path.join(states, name, "checkpoint") for name, *_ in distinct],
+                                  world_size=3, what=label, timeout=PROBE_TIMEOUT_CRASHES)
+        for i, (name, rank, description, emptied) in enumerate(distinct):
+            problem = _outcome([v[i] for v in verdicts])
+            if problem is None:
+                continue
+            before = [d for n, r, d, e in points if r == rank and not e and n < name]
+            before = before[:-1] if emptied else before  # the open itself
+            done = "; ".join(before[-3:]) or "nothing yet"
+            when = (f"while rank {rank} was writing {description[len('opened '):-len(' for writing')]} (left empty)"
+                    if emptied else f"just before rank {rank} {description}")
+            raise AssertionError(
+                f"{label}: a crash {when} (its steps before: {done}) leaves a folder that load_resharded on 3 ranks "
+                f"reads as neither checkpoint: {problem}. A save must leave the previous checkpoint or the new one, "
+                "complete, whatever step it is stopped at: write every new file under a new name, make the new "
+                "checkpoint current with one atomic rename (os.replace) on rank 0 once every rank has written "
+                "(dist.barrier()), and delete the old files only after that rename.")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
