@@ -525,7 +525,7 @@ def _rebuilt(value, text: str, what: str) -> BaseException:
 
     module, name, message = value
     if name == "NotImplementedError" and not message.strip():
-        message = f"{what} is not implemented yet (it raises NotImplementedError)"
+        message = f"{what} is not started: it still raises NotImplementedError"
     kind = getattr(builtins, name, None) if module == "builtins" else None
     if isinstance(kind, type) and issubclass(kind, Exception):
         exc = kind(message)

@@ -204,7 +204,7 @@ def raises_not_implemented(tensor):
 
 
 def test_an_unwritten_function_says_so():
-    with pytest.raises(labsupport.WorkerError, match="raises_not_implemented is not implemented yet"):
+    with pytest.raises(labsupport.WorkerError, match="raises_not_implemented is not started: it still raises NotImplementedError"):
         run(raises_not_implemented, n=1)
 
 
