@@ -6,7 +6,9 @@ swapped, pipeline innermost, no ValueError fail. dispatch/combine (real workers,
 ``all_to_all_single`` version and one that picks rows with masks and puts them back with ``index_copy_`` pass; dropping the empty experts'
 tensors, rows in the wrong order, returning rows in expert order, send/recv instead of an all-to-all, gathering
 every row on every rank fail. The planner: a rewritten formula passes; forgetting 1/t, ignoring sequence
-parallelism, dividing full recomputation by t, ZeRO's 1/dp forgotten, every micro-batch counted in flight fail.
+parallelism, dividing full recomputation by t, ZeRO's 1/dp forgotten, every micro-batch counted in flight fail; the
+step time: the same model written out differently passes; a constant, one without communication and one without
+the bubble fail.
 """
 
 import pytest
@@ -331,7 +333,32 @@ def act_full_over_t(seq_len, micro_batch, hidden, heads, tp=1, sequence_parallel
     return act_expanded(seq_len, micro_batch, hidden, heads, tp, sequence_parallel, recompute)
 
 
-def _fits_with(act, zero_div=True, in_flight="min"):
+def step_expanded(model, cluster, dp, tp, pp, zero_stage, micro_batch, recompute, leave_out=()):
+    """Correct alternative of the step-time model: the FLOPs multiplied out term by term, the ring's cost written
+    per step of the ring, the communication summed per micro-batch; ``leave_out`` drops terms (planted bugs)."""
+    l, h, s, V, B = model.num_layers, model.hidden, model.seq_len, model.vocab, model.global_batch
+    m = B // (dp * micro_batch)
+    c = 4 if recompute == "full" else 3                      # passes over the layer: f, b = 2f, recomputed f
+    flops = 24 * c * B * s * l * h * h + 4 * c * B * s * s * l * h + 1.5 * c * B * s * h * V
+    compute = flops / cluster.efficiency / cluster.peak_flops / cluster.num_gpus
+    bubble = 0.0 if "bubble" in leave_out else compute * (pp - 1) / m
+
+    def all_reduce(n, nbytes, bw):                         # 2(n-1) steps, each a message of nbytes/n
+        return sum(cluster.alpha + nbytes / n / bw for _ in range(2 * (n - 1)))
+
+    act = 2 * s * micro_batch * h
+    per_micro_batch = 0.0
+    if "comm" not in leave_out:
+        tp_bw = cluster.inter_bw if tp > cluster.gpus_per_node else cluster.intra_bw
+        per_micro_batch += (l // pp) * (6 if recompute == "full" else 4) * all_reduce(tp, act, tp_bw)
+        per_micro_batch += 2 * (cluster.alpha + act / cluster.inter_bw) if pp > 1 else 0.0
+    one_node = pp == 1 and tp * dp <= cluster.gpus_per_node
+    grads = 0.0 if "comm" in leave_out else all_reduce(dp, 2 * model.num_params / (tp * pp),
+                                                        cluster.intra_bw if one_node else cluster.inter_bw)
+    return compute + bubble + m * per_micro_batch + grads * (3 / 2 if zero_stage == 3 else 1)
+
+
+def _fits_with(act, zero_div=True, in_flight="min", step="model"):
     def fits(model, cluster, dp, tp, pp, zero_stage=0, micro_batch=1, recompute="none", sequence_parallel=False):
         if dp * tp * pp != cluster.num_gpus:
             raise ValueError("dp·tp·pp must be the number of GPUs")
@@ -342,8 +369,10 @@ def _fits_with(act, zero_div=True, in_flight="min"):
         flight = min(pp, m) if in_flight == "min" else m
         a = flight * model.num_layers / pp * act(model.seq_len, micro_batch, model.hidden, model.heads, tp,
                                                    sequence_parallel, recompute)
+        time = 1.0 if step == "constant" else step_expanded(model, cluster, dp, tp, pp, zero_stage, micro_batch,
+                                                            recompute, () if step == "model" else (step,))
         return {"model_state": state, "activations": a, "total": state + a,
-                "fits": state + a <= cluster.memory_bytes, "step_time": 1.0}
+                "fits": state + a <= cluster.memory_bytes, "step_time": time}
     return fits
 
 
@@ -360,6 +389,9 @@ def test_planner_correct_passes():
     (check_fits, _fits_with(act_expanded, zero_div=False), "'model_state'"),
     (check_fits, _fits_with(act_expanded, in_flight="all"), "micro-batches in flight"),
     (check_fits, _fits_with(act_no_t), "'activations'"),
+    (check_fits, _fits_with(act_expanded, step="constant"), "stays the same with infinitely fast links"),
+    (check_fits, _fits_with(act_expanded, step="comm"), "it leaves out communication"),
+    (check_fits, _fits_with(act_expanded, step="bubble"), "add the bubble"),
 ])
 def test_planner_bugs_fail(check, impl, expected):
     with pytest.raises(AssertionError) as info:
