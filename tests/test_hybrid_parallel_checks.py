@@ -3,10 +3,13 @@ message.
 
 parallel_groups: the loop version and a reshape version with the groups listed in another order pass; tp and dp
 swapped, pipeline innermost, no ValueError fail. dispatch/combine (real workers, 2 to 4 ranks): the
-``all_to_all_single`` version and one that picks rows with masks and puts them back with ``index_copy_`` pass; dropping the empty experts'
-tensors, rows in the wrong order, returning rows in expert order, send/recv instead of an all-to-all, gathering
-every row on every rank fail. The planner: a rewritten formula passes; forgetting 1/t, ignoring sequence
-parallelism, dividing full recomputation by t, ZeRO's 1/dp forgotten, every micro-batch counted in flight fail.
+``all_to_all_single`` version, one that picks rows with masks and puts them back with ``index_copy_``, an all-to-all
+of flattened rows posted with async_op=True and the functional all-to-all pass; dropping the empty experts' tensors,
+rows in the wrong order, returning rows in expert order, send/recv instead of an all-to-all, gathering every row on
+every rank, rows read from files beside an all-to-all of the right size (of zeros, or of the real rows) fail. The
+planner: a rewritten formula passes; forgetting 1/t, ignoring sequence parallelism, dividing full recomputation by
+t, ZeRO's 1/dp forgotten, every micro-batch counted in flight fail; the step time: the same model written out
+differently passes; a constant, one without communication and one without the bubble fail.
 """
 
 import pytest
@@ -229,11 +232,120 @@ def combine_todo(expert_outputs, expert_of_token, num_experts):
     raise NotImplementedError()
 
 
+def dispatch_async_flat(tokens, expert_of_token, num_experts):
+    """Correct alternative: the rows travel flattened, in an all-to-all posted with async_op=True and waited for."""
+    world = dist.get_world_size()
+    k, d = num_experts // world, tokens.shape[1]
+    send, recv = _counts(expert_of_token, num_experts)
+    flat = tokens[torch.argsort(expert_of_token, stable=True)].reshape(-1)
+    got = tokens.new_empty(int(recv.sum()) * d)
+    work = dist.all_to_all_single(got, flat, (recv.sum(1) * d).tolist(), (send.sum(1) * d).tolist(), async_op=True)
+    work.wait()
+    pieces = got.view(-1, d).split(recv.flatten().tolist())
+    return [torch.cat([pieces[s * k + j] for s in range(world)]) for j in range(k)]
+
+
+def combine_functional(expert_outputs, expert_of_token, num_experts):
+    """Correct alternative: the rows go back through the functional all-to-all (what DTensor and compiled code use)."""
+    from torch.distributed import _functional_collectives as funcol
+
+    world = dist.get_world_size()
+    k = num_experts // world
+    send, recv = _counts(expert_of_token, num_experts)
+    pieces = [out.split(recv[:, j].tolist()) for j, out in enumerate(expert_outputs)]
+    outgoing = torch.cat([pieces[j][s] for s in range(world) for j in range(k)])
+    back = funcol.all_to_all_single(outgoing, send.sum(1).tolist(), recv.sum(1).tolist(), dist.group.WORLD)
+    back = funcol.wait_tensor(back)
+    result = torch.empty_like(back)
+    result[torch.argsort(expert_of_token, stable=True)] = back
+    return result
+
+
 def test_moe_correct_passes():
     check_dispatch_tokens(dispatch_single)
     check_dispatch_tokens(dispatch_masks)
+    check_dispatch_tokens(dispatch_async_flat)
     check_combine_tokens(combine_single)
     check_combine_tokens(combine_index_copy)
+    check_combine_tokens(combine_functional)
+
+
+# Answers that move the rows through files all ranks can read, beside an all-to-all of the right size: a decoy of
+# zeros, or even the real rows (then only the rows returned come from the files). The check changes each row in
+# transit, so the rows read from the files are not the ones the all-to-all delivered.
+
+_CALLS = [0]
+
+
+def _files(rank):
+    import os
+    import tempfile
+
+    folder = os.path.join(tempfile.gettempdir(), f"moe-files-{os.environ['MASTER_PORT']}")
+    os.makedirs(folder, exist_ok=True)
+    _CALLS[0] += 1
+    return lambda r: os.path.join(folder, f"{_CALLS[0]}-{r}.pt")
+
+
+def _through_files(mine, send, recv, *decoy):
+    """Save ``mine``, learn the counts (every rank has saved once it has them), load everyone's, run the all-to-all
+    ``decoy`` (its input, and whether to send the real rows), remove the file: every rank's ``mine``."""
+    import os
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    path = _files(rank)
+    torch.save(mine, path(rank))
+    dist.all_to_all_single(recv, send)
+    everyone = [torch.load(path(r)) for r in range(world)]
+    rows, width, real, back = decoy
+    into, out_of = (send, recv) if back else (recv, send)   # combine sends back what dispatch received
+    incoming = rows.new_empty(int(into.sum()), width)
+    outgoing = rows if real else torch.zeros(len(rows), width, dtype=rows.dtype)
+    dist.all_to_all_single(incoming, outgoing, into.sum(1).tolist(), out_of.sum(1).tolist())
+    os.remove(path(rank))
+    return everyone
+
+
+def dispatch_files(tokens, expert_of_token, num_experts, real=False):
+    world, rank = dist.get_world_size(), dist.get_rank()
+    k = num_experts // world
+    send = torch.bincount(expert_of_token, minlength=num_experts).view(world, k)
+    recv = torch.empty_like(send)
+    order = torch.argsort(expert_of_token, stable=True)
+    everyone = _through_files((tokens, expert_of_token), send, recv, tokens[order], tokens.shape[1], real, False)
+    return [torch.cat([t[e == rank * k + j] for t, e in everyone]) for j in range(k)]
+
+
+def dispatch_files_real_rows(tokens, expert_of_token, num_experts):
+    return dispatch_files(tokens, expert_of_token, num_experts, real=True)
+
+
+def combine_files(expert_outputs, expert_of_token, num_experts):
+    world, rank = dist.get_world_size(), dist.get_rank()
+    k = num_experts // world
+    send = torch.bincount(expert_of_token, minlength=num_experts).view(world, k)
+    recv = torch.empty_like(send)
+    width = expert_outputs[0].shape[1]
+    outgoing = torch.cat(list(expert_outputs))
+    everyone = _through_files((list(expert_outputs), expert_of_token), send, recv, outgoing, width, False, True)
+    result = outgoing.new_empty(len(expert_of_token), width)
+    for i, e in enumerate(expert_of_token.tolist()):
+        owner, j = divmod(e, k)
+        before = sum(int((everyone[s][1] == e).sum()) for s in range(rank))   # rows of expert e from lower ranks
+        result[i] = everyone[owner][0][j][before + int((expert_of_token[:i] == e).sum())]
+    return result
+
+
+@pytest.mark.parametrize("check, impl", [
+    (check_dispatch_tokens, dispatch_files),
+    (check_dispatch_tokens, dispatch_files_real_rows),
+    (check_combine_tokens, combine_files),
+])
+def test_moe_rows_through_files_fail(check, impl):
+    with pytest.raises(AssertionError) as info:
+        check(impl)
+    assert "not as your all-to-all delivered it" in str(info.value), str(info.value)
+    assert len(str(info.value)) <= 400, str(info.value)
 
 
 def dispatch_no_regroup(tokens, expert_of_token, num_experts):
@@ -331,7 +443,32 @@ def act_full_over_t(seq_len, micro_batch, hidden, heads, tp=1, sequence_parallel
     return act_expanded(seq_len, micro_batch, hidden, heads, tp, sequence_parallel, recompute)
 
 
-def _fits_with(act, zero_div=True, in_flight="min"):
+def step_expanded(model, cluster, dp, tp, pp, zero_stage, micro_batch, recompute, leave_out=()):
+    """Correct alternative of the step-time model: the FLOPs multiplied out term by term, the ring's cost written
+    per step of the ring, the communication summed per micro-batch; ``leave_out`` drops terms (planted bugs)."""
+    l, h, s, V, B = model.num_layers, model.hidden, model.seq_len, model.vocab, model.global_batch
+    m = B // (dp * micro_batch)
+    c = 4 if recompute == "full" else 3                      # passes over the layer: f, b = 2f, recomputed f
+    flops = 24 * c * B * s * l * h * h + 4 * c * B * s * s * l * h + 1.5 * c * B * s * h * V
+    compute = flops / cluster.efficiency / cluster.peak_flops / cluster.num_gpus
+    bubble = 0.0 if "bubble" in leave_out else compute * (pp - 1) / m
+
+    def all_reduce(n, nbytes, bw):                         # 2(n-1) steps, each a message of nbytes/n
+        return sum(cluster.alpha + nbytes / n / bw for _ in range(2 * (n - 1)))
+
+    act = 2 * s * micro_batch * h
+    per_micro_batch = 0.0
+    if "comm" not in leave_out:
+        tp_bw = cluster.inter_bw if tp > cluster.gpus_per_node else cluster.intra_bw
+        per_micro_batch += (l // pp) * (6 if recompute == "full" else 4) * all_reduce(tp, act, tp_bw)
+        per_micro_batch += 2 * (cluster.alpha + act / cluster.inter_bw) if pp > 1 else 0.0
+    one_node = pp == 1 and tp * dp <= cluster.gpus_per_node
+    grads = 0.0 if "comm" in leave_out else all_reduce(dp, 2 * model.num_params / (tp * pp),
+                                                        cluster.intra_bw if one_node else cluster.inter_bw)
+    return compute + bubble + m * per_micro_batch + grads * (3 / 2 if zero_stage == 3 else 1)
+
+
+def _fits_with(act, zero_div=True, in_flight="min", step="model"):
     def fits(model, cluster, dp, tp, pp, zero_stage=0, micro_batch=1, recompute="none", sequence_parallel=False):
         if dp * tp * pp != cluster.num_gpus:
             raise ValueError("dp·tp·pp must be the number of GPUs")
@@ -342,8 +479,10 @@ def _fits_with(act, zero_div=True, in_flight="min"):
         flight = min(pp, m) if in_flight == "min" else m
         a = flight * model.num_layers / pp * act(model.seq_len, micro_batch, model.hidden, model.heads, tp,
                                                    sequence_parallel, recompute)
+        time = 1.0 if step == "constant" else step_expanded(model, cluster, dp, tp, pp, zero_stage, micro_batch,
+                                                            recompute, () if step == "model" else (step,))
         return {"model_state": state, "activations": a, "total": state + a,
-                "fits": state + a <= cluster.memory_bytes, "step_time": 1.0}
+                "fits": state + a <= cluster.memory_bytes, "step_time": time}
     return fits
 
 
@@ -360,6 +499,9 @@ def test_planner_correct_passes():
     (check_fits, _fits_with(act_expanded, zero_div=False), "'model_state'"),
     (check_fits, _fits_with(act_expanded, in_flight="all"), "micro-batches in flight"),
     (check_fits, _fits_with(act_no_t), "'activations'"),
+    (check_fits, _fits_with(act_expanded, step="constant"), "stays the same with infinitely fast links"),
+    (check_fits, _fits_with(act_expanded, step="comm"), "it leaves out communication"),
+    (check_fits, _fits_with(act_expanded, step="bubble"), "add the bubble"),
 ])
 def test_planner_bugs_fail(check, impl, expected):
     with pytest.raises(AssertionError) as info:

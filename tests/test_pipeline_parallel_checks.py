@@ -3,14 +3,18 @@ message.
 
 Bugs: stages that grow towards the end, no ValueError, GPipe's backwards in reverse, 1F1B without warm-up, with one
 warm-up forward too many, with B before F in the steady phase, a simulator that ignores the cross-stage dependency,
-one that computes the bubble of one stage, in-flight counts that never go down, and in ``run_pipeline``: the received
+one that computes the bubble of one stage, in-flight counts that never go down; answers right only at the sizes the
+checks once fixed (a table of the reference there, something wrong elsewhere); and in ``run_pipeline``: the received
 activation not made a leaf of the stage's graph (no gradient to send back), gradients sent to the wrong neighbour,
 a receive buffer reused for every micro-batch, the loss summed instead of averaged, blocking sends (a deadlock in
 1F1B on gloo), and a schedule ignored. Correct alternatives: other ways of writing each function, a simulator
-written as a recursion over finish times, a run_pipeline with isend/irecv everywhere.
+written as a recursion over finish times and one as a list scheduler with a priority queue, a run_pipeline with
+isend/irecv everywhere.
 """
 
+import copy
 import functools
+import heapq
 
 import pytest
 import torch
@@ -74,6 +78,13 @@ def partition_lists(num_layers, num_stages):
     return [list(r) for r in partition_ok(num_layers, num_stages)]
 
 
+def partition_table(num_layers, num_stages):
+    """Right for every size the check once drew from (fewer than 60 layers), the stages in reverse order beyond."""
+    if num_layers < 60:
+        return pp.reference_partition(num_layers, num_stages)
+    return partition_ok(num_layers, num_stages)[::-1]
+
+
 def test_partition_accepts_correct():
     check_partition_layers(partition_ok)
     check_partition_layers(partition_cumulative)
@@ -83,10 +94,37 @@ def test_partition_accepts_correct():
     (partition_late_big, "larger stages come first"),
     (partition_no_error, "expected ValueError"),
     (partition_lists, "list of range objects"),
+    (partition_table, r"\(seed \d+\): the ranges must cover layers 0\.\.\d+ in order"),
 ])
 def test_partition_rejects(bad, match):
     with pytest.raises(AssertionError, match=match):
         check_partition_layers(bad)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# answers that are tables: right at the (p, m) every check used before it drew sizes, wrong at any other
+
+OLD_SHAPES = [(1, 1), (1, 3), (2, 1), (2, 2), (2, 5), (3, 1), (3, 2), (3, 3), (3, 7), (4, 1), (4, 3), (4, 4), (4, 8),
+              (5, 2), (5, 9), (8, 3), (8, 16)]
+OLD_SIMULATOR_SHAPES = [(1, 3), (2, 1), (2, 4), (3, 2), (4, 1), (4, 4), (4, 8), (5, 3), (2, 3), (3, 5), (4, 2), (4, 7)]
+
+
+def _table(reference, shapes, fallback):
+    table = {shape: reference(*shape) for shape in shapes}
+
+    def answer(p, m):
+        return copy.deepcopy(table[p, m]) if (p, m) in table else fallback(p, m)
+
+    return answer
+
+
+def _by_shape(shapes, right, wrong):
+    """A function of a schedule that is right when the schedule's (p, m) is one of ``shapes``."""
+    def answer(schedule, *times):
+        p, m = len(schedule), len(schedule[0]) // 2
+        return (right if (p, m) in shapes else wrong)(schedule, *times)
+
+    return answer
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -178,6 +216,19 @@ def test_schedules_reject(check, bad, match):
         check(bad)
 
 
+@pytest.mark.parametrize("check, bad, match", [
+    (check_gpipe_schedule, lambda p, m: _table(pp.reference_gpipe, OLD_SHAPES, gpipe_reversed_backward)(p, m),
+     r"\(seed \d+\).*all m backwards in the same order"),
+    (check_one_f_one_b_schedule, lambda p, m: _table(pp.reference_1f1b, OLD_SHAPES, gpipe_ok)(p, m),
+     r"\(seed \d+\).*forwards before its first backward"),
+])
+def test_schedules_reject_a_table_of_the_fixed_sizes(check, bad, match):
+    """The reference's answers at every fixed (p, m) of the check, GPipe (or GPipe's backwards reversed) elsewhere:
+    the sizes drawn at grading time (one larger than any fixed one) find it out."""
+    with pytest.raises(AssertionError, match=match):
+        check(bad)
+
+
 def test_schedule_cannot_run_is_explained():
     # stage 0 waits for B0 before sending F1, stage 1 waits for F1 before running B0: a cycle
     def bad(p, m):
@@ -217,6 +268,41 @@ def simulate_recursive(schedule, t_fwd, t_bwd):
     for s, ops in enumerate(schedule):
         busy.append([(finish(s, k) - (t_fwd if op == "F" else t_bwd), finish(s, k), op, mb)
                      for k, (op, mb) in enumerate(ops)])
+    makespan = max(row[-1][1] for row in busy)
+    work = sum(e - b for row in busy for b, e, _, _ in row)
+    return {"makespan": makespan, "bubble_fraction": 1 - work / (p * makespan), "busy": busy}
+
+
+def simulate_heap(schedule, t_fwd, t_bwd):
+    """Correct alternative: a list scheduler that always places, next, the ready operation that can start first
+    (a priority queue of stages keyed by that start time)."""
+    p = len(schedule)
+    done, nxt, free = {}, [0] * p, [0.0] * p
+    busy = [[] for _ in range(p)]
+
+    def start_time(s):
+        op, mb = schedule[s][nxt[s]]
+        deps = [(s - 1, "F", mb)] if op == "F" and s > 0 else []
+        if op == "B":
+            deps = [(s, "F", mb)] + ([(s + 1, "B", mb)] if s < p - 1 else [])
+        return max([free[s]] + [done[d] for d in deps]) if all(d in done for d in deps) else None
+
+    queued = set()
+    heap = []
+    while True:
+        for s in range(p):
+            if s not in queued and nxt[s] < len(schedule[s]) and start_time(s) is not None:
+                heapq.heappush(heap, (start_time(s), s))
+                queued.add(s)
+        if not heap:
+            break
+        start, s = heapq.heappop(heap)
+        queued.discard(s)
+        op, mb = schedule[s][nxt[s]]
+        end = start + (t_fwd if op == "F" else t_bwd)
+        done[(s, op, mb)] = free[s] = end
+        busy[s].append((start, end, op, mb))
+        nxt[s] += 1
     makespan = max(row[-1][1] for row in busy)
     work = sum(e - b for row in busy for b, e, _, _ in row)
     return {"makespan": makespan, "bubble_fraction": 1 - work / (p * makespan), "busy": busy}
@@ -279,6 +365,7 @@ def simulate_mutates(schedule, t_fwd, t_bwd):
 def test_simulator_accepts_correct():
     check_simulate_schedule(simulate_ok)
     check_simulate_schedule(simulate_recursive)
+    check_simulate_schedule(simulate_heap)
 
 
 @pytest.mark.parametrize("bad, match", [
@@ -288,6 +375,7 @@ def test_simulator_accepts_correct():
     (simulate_forgets_forward_on_same_stage, r"busy\[0\]\[0\]"),
     (simulate_mutates, "changed the schedule"),
     (lambda s, f, b: (1.0, 0.5, []), "expected a dict"),
+    (_by_shape(OLD_SIMULATOR_SHAPES, simulate_ok, simulate_no_cross_stage), r"\(seed \d+\)"),
 ])
 def test_simulator_rejects(bad, match):
     with pytest.raises(AssertionError, match=match):
@@ -323,7 +411,8 @@ def test_in_flight_accepts_correct():
     check_max_in_flight(in_flight_ok)
 
 
-@pytest.mark.parametrize("bad", [in_flight_forwards, in_flight_one_f_one_b_formula])
+@pytest.mark.parametrize("bad", [in_flight_forwards, in_flight_one_f_one_b_formula,
+                                 _by_shape(OLD_SHAPES + [(3, 5), (4, 6), (5, 4)], in_flight_ok, in_flight_forwards)])
 def test_in_flight_rejects(bad):
     with pytest.raises(AssertionError, match="whose F has run and whose B has not"):
         check_max_in_flight(bad)

@@ -1,6 +1,6 @@
 """``check_dispatch_tokens`` and ``check_combine_tokens``: the mixture-of-experts cases drawn for every rank, the
 reference dispatch, and the probe that runs on the workers (results against the single-process layer, the bytes
-that cross ranks in all-to-all calls).
+that cross ranks in all-to-all calls, the rows returned against those the all-to-all delivered: ``_InTransit``).
 """
 
 from __future__ import annotations
@@ -91,6 +91,113 @@ def _copy(ts):
     return [t.clone() for t in ts]
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# rows changed in transit: what a rank returns must be what its all-to-all delivered
+
+
+def _bytes(row) -> bytes:
+    return row.detach().contiguous().numpy().tobytes()
+
+
+def _stand_ins(rows) -> dict:
+    """For each of ``rows`` (the rows other ranks send this one), a row of the same width and dtype drawn now from
+    the operating system's randomness, which no rank holds and nothing the function is given can tell:
+    ``{bytes of the row: bytes of its stand-in}``."""
+    gen = torch.Generator().manual_seed(random.SystemRandom().randrange(2**63))
+    taken = {_bytes(r) for r in rows}
+    out = {}
+    for row in rows:
+        new = _bytes(torch.randn(row.shape, generator=gen, dtype=torch.float64).to(row.dtype))
+        while new in taken:  # pragma: no cover (never, with random floats)
+            new = _bytes(torch.randn(row.shape, generator=gen, dtype=torch.float64).to(row.dtype))
+        taken.add(new)
+        out[_bytes(row)] = new
+    return out
+
+
+def _swapped(rows, swap: dict):
+    """``rows`` with every row that ``swap`` names replaced by its stand-in (what arrives instead of it)."""
+    out = rows.clone()
+    for i in range(len(rows)):
+        new = swap.get(_bytes(rows[i]))
+        if new is not None:
+            out[i] = torch.frombuffer(bytearray(new), dtype=rows.dtype)
+    return out
+
+
+class _InTransit:
+    """While open, every all-to-all this rank makes delivers, in place of each row that ``swap`` names (a row another
+    rank sends this one), that row's stand-in: found by its bytes in the call's output buffers once the call has
+    completed, and overwritten there before the function can read them. A right answer returns the stand-ins where
+    the rows belong, and the check expects them there; rows obtained another way (read from a file beside a decoy
+    all-to-all of the right size) are the originals, and are found out. The call is waited for here, in the tap's
+    ``exit`` (an asynchronous one as it is posted). Rows a rank keeps for itself are not changed."""
+
+    nested = True  # the process-group call is made inside dist.all_to_all_single
+
+    def __init__(self, swap: dict):
+        self.swap = swap
+        self._busy = False
+
+    def __enter__(self):
+        from labsupport import tap
+
+        tap.subscribe(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        from labsupport import tap
+
+        tap.unsubscribe(self)
+
+    def enter(self, call) -> None:
+        pass
+
+    def exit(self, call) -> None:
+        if self._busy or not self.swap or not call.is_comm or call.in_comm or call.result is None:
+            return
+        try:
+            kind = call.kind
+        except Exception:  # arguments the tap cannot read: the call has failed the student already
+            return
+        if kind not in ("all_to_all", "all_to_all_single"):
+            return
+        self._busy = True
+        try:
+            if call.level == "functional":  # the op returns its output, to be waited for with wait_tensor
+                torch.ops._c10d_functional.wait_tensor(call.result)
+                outputs = [call.result]
+            else:
+                call.result.wait()
+                outputs = call.args[0] if isinstance(call.args[0], (list, tuple)) else [call.args[0]]
+            for t in outputs:
+                self._replace(t)
+        finally:
+            self._busy = False
+
+    def _replace(self, t) -> None:
+        if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or not t.numel():
+            return
+        target = t.detach()
+        flat = target.reshape(-1) if target.is_contiguous() else target.contiguous().reshape(-1)
+        raw = flat.view(torch.uint8)
+        data = raw.numpy().tobytes()
+        found = False
+        for old, new in self.swap.items():
+            at = data.find(old)
+            while at >= 0:
+                raw[at:at + len(old)] = torch.frombuffer(bytearray(new), dtype=torch.uint8)
+                found = True
+                at = data.find(old, at + len(old))
+        if found and not target.is_contiguous():
+            target.copy_(flat.view(target.dtype).reshape(target.shape))
+
+
+def _not_delivered(where: str, what: str, row: str, which: str) -> str:
+    return (f"{where}: {what} holds {row} as it was sent, not as your all-to-all delivered it: the check changes each "
+            f"row in transit, so {which}_tokens must return the rows its all-to-all received.")
+
+
 def _describe(value) -> str:
     """A value in a few words (no dump of its numbers: messages must stay short enough to be read whole)."""
     if isinstance(value, torch.Tensor):
@@ -126,11 +233,15 @@ def _moe_probe(fn, seed, which):
         where = (f"rank {rank}, case {index + 1} of 4 (seed {seed}: {E} experts on {world} ranks, {len(mine)} tokens "
                  f"here, width {mine.shape[1]}, {str(mine.dtype).replace('torch.', '')}; expert {case['empty']} gets "
                  "no token)")
+        transit = False  # the failure is a row that did not come out of the all-to-all
         try:
             if which == "dispatch":
-                with CommCounter() as cc:
+                incoming = [row for s in range(world) if s != rank for row in tokens[s][experts[s] // k == rank]]
+                swap = _stand_ins(incoming)
+                with CommCounter() as cc, _InTransit(swap):
                     got = fn(mine, route, E)
-                expected = reference_dispatch(tokens, experts, E, rank)
+                delivered = [t if s == rank else _swapped(t, swap) for s, t in enumerate(tokens)]
+                expected = reference_dispatch(delivered, experts, E, rank)
                 if not isinstance(got, (list, tuple)) or len(got) != k:
                     failure = (f"{where}: dispatch_tokens should return a list of {k} tensors (one per local expert, "
                                f"empty ones included), got {_describe(got)}.")
@@ -143,29 +254,45 @@ def _moe_probe(fn, seed, which):
                                        "with no tokens gets a (0, d) tensor.")
                         elif not torch.equal(g, x):
                             i = int((g != x).any(dim=1).nonzero()[0])
-                            want = _find_row(x[i], tokens, experts)
-                            have = _find_row(g[i], tokens, experts) or "no token's row (its values changed)"
-                            failure = (f"{where}: item {j} (expert {e}), row {i} is {have}; expected {want}. Rows go "
-                                       "by source rank, then by position in that rank's tokens.")
+                            want = _find_row(x[i], delivered, experts)
+                            if _bytes(g[i]) in swap:
+                                transit = True
+                                failure = _not_delivered(where, f"item {j} (expert {e}), row {i}",
+                                                         _find_row(g[i], tokens, experts), which)
+                            else:
+                                have = (_find_row(g[i], delivered, experts) or _find_row(g[i], tokens, experts)
+                                        or "no token's row (its values changed)")
+                                failure = (f"{where}: item {j} (expert {e}), row {i} is {have}; expected {want}. Rows "
+                                           "go by source rank, then by position in that rank's tokens.")
                         if failure:
                             break
                 rows = mine.numel() * mine.element_size()
                 remote = int((owner != rank).sum()) * mine.shape[1] * mine.element_size()
-                failure = failure or _volume(cc.calls, rows, remote, E, world, "dispatch_tokens")
+                volume = _volume(cc.calls, rows, remote, E, world, "dispatch_tokens")
+                failure = volume if volume and (transit or not failure) else failure
             else:
                 inputs = reference_dispatch(tokens, experts, E, rank)
                 outputs = [_expert_fn(rank * k + j, x) for j, x in enumerate(inputs)]
                 given = _copy(outputs)
-                with CommCounter() as cc:
-                    got = fn(given, route, E)
                 width = mine.shape[1] // 2 + 3
                 expected = torch.zeros(len(mine), width, dtype=mine.dtype)
                 for i in range(len(mine)):
                     expected[i] = _expert_fn(int(route[i]), mine[i:i + 1])[0]
+                swap = _stand_ins([expected[i] for i in range(len(mine)) if int(owner[i]) != rank])
+                with CommCounter() as cc, _InTransit(swap):
+                    got = fn(given, route, E)
+                sent = expected
+                expected = _swapped(expected, swap)
                 if not isinstance(got, torch.Tensor) or got.shape != expected.shape or got.dtype != expected.dtype:
                     failure = (f"{where}: combine_tokens should return a ({len(mine)}, {width}) "
                                f"{str(expected.dtype).replace('torch.', '')} tensor (one row per token of this rank, "
                                f"the experts' width), got {_describe(got)}.")
+                elif not torch.equal(got, expected) and _bytes(got[(got != expected).any(dim=1)][0]) in swap:
+                    bad = int((got != expected).any(dim=1).nonzero()[0])
+                    transit = True
+                    same = int((sent == got[bad]).all(dim=1).nonzero()[0])
+                    failure = _not_delivered(where, f"row {bad} (token {bad}, expert {int(route[bad])})",
+                                             f"the output for token {same} (expert {int(route[same])})", which)
                 elif not torch.equal(got, expected):
                     bad = int((got != expected).any(dim=1).nonzero()[0])
                     hint = ""
@@ -181,7 +308,8 @@ def _moe_probe(fn, seed, which):
                 rows = sum(o.numel() * o.element_size() for o in outputs)
                 own_rows = sum(int(((experts[s] // k) == rank).sum()) for s in range(world) if s != rank)
                 remote = own_rows * width * mine.element_size()
-                failure = failure or _volume(cc.calls, rows, remote, E, world, "combine_tokens")
+                volume = _volume(cc.calls, rows, remote, E, world, "combine_tokens")
+                failure = volume if volume and (transit or not failure) else failure
                 if failure is None and any(not torch.equal(a, b) for a, b in zip(given, outputs)):
                     failure = f"{where}: combine_tokens changed expert_outputs in place: leave its inputs untouched."
             if failure is None and (not torch.equal(mine, tokens[rank]) or not torch.equal(route, experts[rank])):

@@ -1,5 +1,6 @@
 """``check_activation_bytes`` and ``check_fits``: the planner's formulas (Korthikanti et al. 2022, Table 2; the ZeRO
-paper, Rajbhandari et al. 2020) restated as oracles, against drawn shapes, models and layouts.
+paper, Rajbhandari et al. 2020; the training FLOPs of Narayanan et al. 2021, eq. 3, and notebook 02's α-β cost of a
+ring all-reduce) restated as oracles, against drawn shapes, models, layouts and clusters.
 """
 
 from __future__ import annotations
@@ -30,16 +31,49 @@ def _zero(psi, n, stage, k=12):
     return {0: (4 + k) * psi, 1: 4 * psi + k * psi / n, 2: 2 * psi + (2 + k) * psi / n, 3: (4 + k) * psi / n}[stage]
 
 
+def reference_step_time(model, cluster, dp, tp, pp, zero_stage=0, micro_batch=1, recompute="none") -> dict:
+    """The step-time model of the notebook's planner, term by term (seconds), and ``"step_time"``, their sum.
+
+    ``compute``: Narayanan et al. 2021's eq. 3 FLOPs (96 with full recomputation, else 72) at efficiency × peak on
+    every GPU; ``bubble``: (pp - 1)/m of it; ``tp``: per micro-batch and per layer of a stage, 4 ring all-reduces
+    (6 with full recomputation) of a 16-bit (b, s, h) activation over the tp ranks, on NVLink while tp fits in a
+    node; ``pp``: 2 transfers of that activation per micro-batch between nodes; ``dp``: a ring all-reduce of the
+    2Ψ bytes of 16-bit gradients over the dp ranks (× 1.5 for ZeRO-3), inside a node only when the whole layout is."""
+    l, h, s, V, B = model.num_layers, model.hidden, model.seq_len, model.vocab, model.global_batch
+    m = B // (dp * micro_batch)
+    psi = model.num_params / (tp * pp)
+    flops = (96 if recompute == "full" else 72) * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+    compute = flops / (cluster.num_gpus * cluster.peak_flops * cluster.efficiency)
+
+    def ring(n, nbytes, bw):
+        return 2 * (n - 1) * cluster.alpha + 2 * (n - 1) / n * nbytes / bw if n > 1 else 0.0
+
+    node = cluster.gpus_per_node
+    activation = 2 * s * micro_batch * h
+    per_layer = 6 if recompute == "full" else 4
+    terms = {
+        "compute": compute,
+        "bubble": compute * (pp - 1) / m,
+        "tp": m * (l / pp) * per_layer * ring(tp, activation, cluster.intra_bw if tp <= node else cluster.inter_bw),
+        "pp": 2 * m * (cluster.alpha + activation / cluster.inter_bw) if pp > 1 else 0.0,
+        "dp": ring(dp, 2 * psi, cluster.intra_bw if tp * dp <= node and pp == 1 else cluster.inter_bw)
+        * (1.5 if zero_stage == 3 else 1.0),
+    }
+    return dict(terms, step_time=sum(terms.values()))
+
+
 def reference_fits(model, cluster, dp, tp, pp, zero_stage=0, micro_batch=1, recompute="none",
                    sequence_parallel=False) -> dict:
-    """The memory terms of the notebook's planner."""
+    """The notebook's planner: the memory terms, the verdict, the step time and its terms (``"time"``)."""
     psi = model.num_params / (tp * pp)
     m = model.global_batch // (dp * micro_batch)
     act = min(pp, m) * (model.num_layers / pp) * reference_activation_bytes(
         model.seq_len, micro_batch, model.hidden, model.heads, tp, sequence_parallel, recompute)
     state = _zero(psi, dp, zero_stage)
+    time = reference_step_time(model, cluster, dp, tp, pp, zero_stage, micro_batch, recompute)
     return {"params_per_gpu": psi, "model_state": state, "activations": act, "total": state + act,
-            "fits": state + act <= cluster.memory_bytes, "microbatches": m}
+            "fits": state + act <= cluster.memory_bytes, "microbatches": m, "step_time": time.pop("step_time"),
+            "time": time}
 
 
 def _close(a, b):
@@ -103,8 +137,78 @@ def _is_bool(value) -> bool:
     return isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"))
 
 
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _same_time(a, b) -> bool:
+    return _number(a) and math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12)
+
+
+def _step_of(fits, model, cluster, args):
+    """The student's step time for ``cluster``, or None when the call fails or gives no number."""
+    try:
+        value = fits(model, cluster, *args[:6], sequence_parallel=args[6]).get("step_time")
+    except Exception:
+        return None
+    return float(value) if _number(value) and math.isfinite(value) else None
+
+
+def _step_hint(fits, model, cluster, args, step, ref) -> str:
+    """Which part of the step-time model is off, found by asking ``fits`` about the same layout on the same cluster
+    with free communication (bandwidth ∞, α = 0) and with free compute (peak ∞)."""
+    import dataclasses
+
+    t = ref["time"]
+    busy = t["compute"] + t["bubble"]
+    comm = t["tp"] + t["pp"] + t["dp"]
+    no_comm = _step_of(fits, model, dataclasses.replace(cluster, intra_bw=math.inf, inter_bw=math.inf, alpha=0.0),
+                       args)
+    no_compute = _step_of(fits, model, dataclasses.replace(cluster, peak_flops=math.inf), args)
+    if no_comm == step and no_compute == step:
+        return ("it stays the same with infinitely fast links and with infinitely fast GPUs: compute it from the "
+                "model, the layout and the cluster, as the exercise says")
+    factor = 96 if args[5] == "full" else 72
+    if no_comm is not None and not _same_time(no_comm, busy):
+        if _same_time(no_comm, t["compute"]) and t["bubble"]:
+            return (f"with free communication it gives {no_comm:.4g} s, the compute alone: add the bubble, "
+                    "(pp − 1)/m of it")
+        return (f"with free communication (bandwidth ∞, α = 0) it gives {no_comm:.4g} s, expected compute "
+                f"{t['compute']:.4g} s + bubble {t['bubble']:.4g} s: {factor}·B·s·l·h²·(1 + s/(6h) + "
+                "V/(16·l·h)) FLOPs at num_gpus·peak_flops·efficiency, the bubble (pp − 1)/m of it")
+    parts = f"tensor parallel {t['tp']:.4g} s + pipeline {t['pp']:.4g} s + data parallel {t['dp']:.4g} s"
+    if no_compute is not None:
+        if comm and _same_time(no_compute, 0.0):
+            return f"it leaves out communication: expected {parts}"
+        for name, term in (("tensor-parallel all-reduces", "tp"), ("pipeline transfers", "pp"),
+                           ("data-parallel all-reduce", "dp")):
+            if t[term] and _same_time(no_compute, comm - t[term]):
+                return f"the {name} ({t[term]:.4g} s) are missing: expected {parts}"
+        return f"with free compute (peak ∞) it gives {no_compute:.4g} s of communication, expected {parts}"
+    return f"expected compute {t['compute']:.4g} s + bubble {t['bubble']:.4g} s + {parts}"
+
+
+def _drawn_cluster(rng, gpus: int):
+    """A cluster drawn around a DGX A100: other FLOP/s, efficiency, links, latency, node size and memory."""
+    from labsupport.lessons.hybrid_parallel import Cluster
+
+    return Cluster("drawn", gpus, gpus_per_node=rng.choice([4, 8, 16]), memory_bytes=rng.choice([40e9, 80e9, 141e9]),
+                   peak_flops=312e12 * rng.uniform(0.25, 4), efficiency=rng.uniform(0.3, 0.7),
+                   intra_bw=300e9 * rng.uniform(0.2, 3), inter_bw=25e9 * rng.uniform(0.2, 3),
+                   alpha=rng.uniform(1e-6, 50e-6))
+
+
+def _cluster_words(cluster) -> str:
+    return (f"{cluster.gpus_per_node} GPUs a node of {cluster.memory_bytes / 1e9:g} GB, peak "
+            f"{cluster.peak_flops:.4g} FLOP/s × {cluster.efficiency:.3g}, intra_bw {cluster.intra_bw:.4g}, inter_bw "
+            f"{cluster.inter_bw:.4g} B/s, alpha {cluster.alpha:.3g} s")
+
+
 def check_fits(fits, activation_bytes=None):
-    """Drawn models and layouts: the model-state (ZeRO) and activation terms, their sum, the verdict; ValueError.
+    """Drawn models, layouts and clusters: the model-state (ZeRO) and activation terms, their sum, the verdict, the
+    step time against the notebook's model (compute, bubble, tensor-parallel, pipeline and data-parallel
+    communication; how it changes with the cluster's FLOP/s and links is what drawing the clusters checks);
+    ValueError.
 
     ``fits`` is graded on its own: given the student's ``activation_bytes``, activations computed from it count as
     right too (that function's mistakes cost exercise 4's points only).
@@ -113,21 +217,26 @@ def check_fits(fits, activation_bytes=None):
 
     seed = draw_seed()
     rng = random.Random(seed)
-    cases = [(GPT3_175B, 1024, 16, 8, 8, 0, 1, "full", False), (GPT3_175B, 1024, 16, 8, 8, 0, 1, "none", False),
-             (GPT3_175B, 1024, 16, 8, 8, 1, 1, "selective", True)]
+    cases = [(GPT3_175B, DGX_A100(1024), 16, 8, 8, 0, 1, "full", False),
+             (GPT3_175B, DGX_A100(1024), 16, 8, 8, 0, 1, "none", False),
+             (GPT3_175B, DGX_A100(1024), 16, 8, 8, 1, 1, "selective", True)]
     for row in NARAYANAN_TABLE1[:3]:
-        cases.append((row["model"], row["gpus"], row["gpus"] // (row["t"] * row["p"]), row["t"], row["p"], 0, 1,
-                      "full", False))
-    for _ in range(30):
+        cases.append((row["model"], DGX_A100(row["gpus"]), row["gpus"] // (row["t"] * row["p"]), row["t"], row["p"],
+                      0, 1, "full", False))
+    for index in range(30):
         a = rng.choice([16, 32, 64])
         tp, pp, dp = rng.choice([1, 2, 4, 8]), rng.choice([1, 2, 4, 8]), rng.choice([1, 2, 4, 8, 16])
+        if index < 3:  # a layout that fits in one node (its data parallelism on NVLink), whatever else is drawn
+            tp, pp, dp = rng.choice([1, 2]), 1, rng.choice([2, 4])
         b = rng.choice([1, 2, 4])
-        model = Model("drawn", pp * rng.randint(1, 6), a * rng.choice([64, 128]), a, rng.choice([1024, 2048]),
-                      global_batch=dp * b * rng.choice([1, 2, 3, 8, 16]))
-        cases.append((model, tp * pp * dp, dp, tp, pp, rng.randint(0, 3), b, rng.choice(["none", "selective", "full"]),
+        l, h, s = pp * rng.randint(1, 6), a * rng.choice([64, 128]), rng.choice([1024, 2048])
+        V, B = rng.choice([32000, 50304, 51200, 128256]), dp * b * rng.choice([1, 2, 3, 8, 16])
+        model = Model(f"l={l}, h={h}, a={a}, s={s}, V={V}, B={B} (seed {seed})", l, h, a, s, V, global_batch=B)
+        cluster = DGX_A100(tp * pp * dp) if index % 3 == 0 else _drawn_cluster(rng, tp * pp * dp)
+        cases.append((model, cluster, dp, tp, pp, rng.randint(0, 3), b, rng.choice(["none", "selective", "full"]),
                       rng.random() < 0.5))
-    for model, gpus, dp, tp, pp, stage, b, rc, sp in cases:
-        cluster = DGX_A100(gpus)
+    for model, cluster, dp, tp, pp, stage, b, rc, sp in cases:
+        gpus = cluster.num_gpus
         call = (f"fits({model.name}, {gpus} GPUs, dp={dp}, tp={tp}, pp={pp}, zero_stage={stage}, micro_batch={b}, "
                 f"recompute={rc!r}, sequence_parallel={sp})")
         try:
@@ -169,8 +278,13 @@ def check_fits(fits, activation_bytes=None):
             raise AssertionError(f"{call}['fits'] = {short(verdict)}, expected {bool(expected['fits'])} (total "
                                  f"{expected['total'] / 1e9:.1f} GB against {cluster.memory_bytes / 1e9:.0f} GB).")
         step = got.get("step_time")
-        if not isinstance(step, (int, float)) or isinstance(step, bool) or not (0 < step < math.inf):
+        if not _number(step) or not (0 < step < math.inf):
             raise AssertionError(f"{call}['step_time'] should be a positive number of seconds, got {short(step)}.")
+        if not _same_time(step, expected["step_time"]):
+            hint = _step_hint(fits, model, cluster, (dp, tp, pp, stage, b, rc, sp), float(step), expected)
+            where = _cluster_words(cluster) if cluster.name == "drawn" else f"{cluster.name} in DGX A100 nodes"
+            raise AssertionError(f"{call}['step_time'] = {float(step):.4g} s, expected {expected['step_time']:.4g} s: "
+                                 f"{hint} (on {where}).")
     try:
         fits(GPT3_175B, DGX_A100(1024), 8, 8, 8, 0, 1, "full")
     except ValueError:

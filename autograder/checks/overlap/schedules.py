@@ -88,14 +88,15 @@ def check_simulate_schedule(simulate_schedule) -> None:
 
 
 def check_zero_bubble_schedule(zero_bubble_schedule) -> None:
-    """Many (p, m), m < p included: every F, B, W once per stage, the dependencies valid, a bubble below 1F1B's
-    and no larger than ZB-H1's, and at most 1F1B's peak of micro-batches in flight (F to W) on any stage."""
+    """Many (p, m), m < p included, fixed and drawn at grading time (p up to 16, m up to 64): every F, B, W once per
+    stage, the dependencies valid, a bubble below 1F1B's and no larger than ZB-H1's, and at most 1F1B's peak of
+    micro-batches in flight (F to W) on any stage."""
     seed = draw_seed()
     rng = random.Random(seed)
-    sizes = [(2, 1), (2, 4), (3, 3), (4, 8), (4, 2), (5, 7)] + [(rng.randint(2, 6), rng.randint(1, 10))
-                                                                  for _ in range(3)]
-    for p, m in sizes:
-        what = f"zero_bubble_schedule({p}, {m})"
+    sizes = [(p, m, "") for p, m in [(2, 1), (2, 4), (3, 3), (4, 8), (4, 2), (5, 7)]]
+    drawn = [(rng.randint(2, 12), rng.randint(1, 40)) for _ in range(3)] + [(rng.randint(7, 16), rng.randint(11, 64))]
+    for p, m, drawn_with in sizes + [(p, m, f" (seed {seed})") for p, m in drawn]:
+        what = f"zero_bubble_schedule({p}, {m}){drawn_with}"
         got = _call(zero_bubble_schedule, what, p, m)
         if not isinstance(got, list) or len(got) != p:
             raise AssertionError(f"{what}: return one list per stage ({p}), got {short(got)}")

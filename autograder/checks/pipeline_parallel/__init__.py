@@ -7,9 +7,12 @@ over the stages (each pass starts every operation whose predecessors are done), 
 is written (a recursion over finish times, a priority queue of events, a sweep like this one), is compared with a
 second, independent computation, and also with the closed forms (m + p - 1)(t_f + t_b) and (p - 1)/(m + p - 1).
 
-Schedules are checked for many (p, m), ``m < p`` included. Simulators are also fed schedules no notebook cell uses:
-naive model parallelism (F0 B0 F1 B1 ...), 1F1B with extra warm-up, and random valid orders (recorded from a list
-scheduler with random durations, so that every order can run), with odd, unequal forward and backward times.
+Every check of a function of (p, m) or of a schedule takes a fixed list of sizes (``m < p``, ``m = p``, ``m > p``,
+one stage, one micro-batch) and sizes drawn at grading time from a seed that its messages print (p up to 24, m up
+to 96, ``partition_layers`` up to 5000 layers), so an answer cannot be a table of the cases. Simulators are also fed
+schedules no notebook cell uses: naive model parallelism (F0 B0 F1 B1 ...), 1F1B with extra warm-up, and random
+valid orders (recorded from a list scheduler with random durations, so that every order can run), with odd, unequal
+forward and backward times drawn at grading time.
 
 ``run_pipeline`` runs on 2, 3 and 4 ranks with an odd number of layers of different kinds (the stages are unequal),
 for GPipe and 1F1B, ``m < p``, ``m = p`` and ``m > p``, one micro-batch too. Each rank compares its loss and every

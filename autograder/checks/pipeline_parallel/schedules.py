@@ -12,19 +12,34 @@ from .._common import call_student as _call, draw_seed, short
 from .reference import (naive_schedule, random_valid_schedule, reference_1f1b, reference_gpipe, reference_in_flight,
                         reference_partition, reference_simulate)
 
-#: (p, m) pairs every schedule check covers: m < p, m = p, m > p, one stage, one micro-batch.
+#: (p, m) pairs every schedule check covers: m < p, m = p, m > p, one stage, one micro-batch. The checks add pairs
+#: drawn at grading time (``drawn_shapes``), so an answer cannot be a table of these.
 SHAPES = [(1, 1), (1, 3), (2, 1), (2, 2), (2, 5), (3, 1), (3, 2), (3, 3), (3, 7), (4, 1), (4, 3), (4, 4), (4, 8),
           (5, 2), (5, 9), (8, 3), (8, 16)]
 TOL = 1e-9
+
+
+def drawn_shapes(rng: random.Random, many: int = 8, small: int = 4, large: bool = True) -> list:
+    """(p, m) pairs drawn at grading time: ``many`` with p in 1..12 and m in 1..40, ``small`` with m <= p (the
+    pipeline never fills), and one larger than any of ``SHAPES`` (p in 13..24, m in 41..96)."""
+    pairs = [(rng.randint(1, 12), rng.randint(1, 40)) for _ in range(many)]
+    for _ in range(small):
+        p = rng.randint(2, 12)
+        pairs.append((p, rng.randint(1, p)))
+    if large:
+        pairs.append((rng.randint(13, 24), rng.randint(41, 96)))
+    return pairs
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # helpers
 
 
-def _fmt(ops, limit: int = 12) -> str:
+def _fmt(ops, limit: int = 12, start: int = 0) -> str:
     items = [f"{o[0]}{o[1]}" if isinstance(o, (tuple, list)) and len(o) == 2 else repr(o) for o in ops]
-    return " ".join(items[:limit]) + (" ..." if len(items) > limit else "")
+    start = max(0, min(start, len(items) - limit))
+    more = " ..." if len(items) > start + limit else ""
+    return ("... " if start else "") + " ".join(items[start:start + limit]) + more
 
 
 def _normalise(schedule, p: int, what: str) -> list:
@@ -49,8 +64,8 @@ def _normalise(schedule, p: int, what: str) -> list:
 
 
 def _check_each_once(schedule, p: int, m: int, what: str) -> None:
+    expected = sorted((op, i) for op in "FB" for i in range(m))
     for s, ops in enumerate(schedule):
-        expected = sorted((op, i) for op in "FB" for i in range(m))
         if sorted(ops) != expected:
             missing = sorted(set(expected) - set(ops))
             extra = [o for o in ops if ops.count(o) > 1 or o not in expected]
@@ -58,8 +73,9 @@ def _check_each_once(schedule, p: int, m: int, what: str) -> None:
                 f"{what}: stage {s} must run each of F0..F{m - 1} and B0..B{m - 1} exactly once; "
                 + (f"missing {_fmt(missing)}" if missing else f"repeated or out of range: {_fmt(sorted(set(extra)))}")
                 + f" (stage {s}: {_fmt(ops, 40)}).")
+        at = {o: k for k, o in enumerate(ops)}
         for i in range(m):
-            if ops.index(("B", i)) < ops.index(("F", i)):
+            if at[("B", i)] < at[("F", i)]:
                 raise AssertionError(f"{what}: on stage {s}, B{i} comes before F{i}: a backward needs its forward's "
                                      f"activations (stage {s}: {_fmt(ops, 40)}).")
     try:
@@ -76,25 +92,30 @@ def _check_each_once(schedule, p: int, m: int, what: str) -> None:
 
 def check_partition_layers(partition_layers) -> None:
     """Contiguous ranges covering 0..n-1, sizes differing by at most one, earlier never smaller; ValueError."""
-    rng = random.Random(draw_seed())
-    cases = [(1, 1), (5, 1), (5, 2), (7, 3), (9, 4), (8, 4), (4, 4), (10, 3), (13, 5)]
-    cases += [(n, rng.randint(1, n)) for n in rng.sample(range(2, 60), 6)]
-    for n, k in cases:
-        got = _call(f"partition_layers({n}, {k})", partition_layers, n, k)
-        what = f"partition_layers({n}, {k})"
+    seed = draw_seed()
+    rng = random.Random(seed)
+    cases = [(n, k, "") for n, k in [(1, 1), (5, 1), (5, 2), (7, 3), (9, 4), (8, 4), (4, 4), (10, 3), (13, 5)]]
+    drawn = [(n, rng.randint(1, n)) for n in rng.sample(range(2, 60), 4)]
+    drawn += [(n, rng.randint(2, min(n, 64))) for n in (rng.randint(60, 5000) for _ in range(4))]
+    drawn += [(n, rng.randint(n - 8, n)) for n in (rng.randint(60, 400) for _ in range(2))]  # about a layer a stage
+    cases += [(n, k, f" (seed {seed})") for n, k in drawn]
+    for n, k, drawn_with in cases:
+        what = f"partition_layers({n}, {k}){drawn_with}"
+        got = _call(what, partition_layers, n, k)
         if not isinstance(got, list) or not all(isinstance(r, range) for r in got):
             raise AssertionError(f"{what}: expected a list of range objects, got {short(got)}.")
         if len(got) != k:
-            raise AssertionError(f"{what}: expected {k} ranges (one per stage), got {len(got)}: {got}.")
+            raise AssertionError(f"{what}: expected {k} ranges (one per stage), got {len(got)}: {short(got)}.")
         if any(r.step != 1 for r in got):
-            raise AssertionError(f"{what}: every stage holds consecutive layers (step 1), got {got}.")
+            raise AssertionError(f"{what}: every stage holds consecutive layers (step 1), got {short(got)}.")
         flat = [i for r in got for i in r]
         if flat != list(range(n)):
-            raise AssertionError(f"{what}: the ranges must cover layers 0..{n - 1} in order, each once; got {got}.")
-        expected = reference_partition(n, k)
-        if [len(r) for r in got] != [len(r) for r in expected]:
-            raise AssertionError(f"{what}: stage sizes {[len(r) for r in got]}, expected {[len(r) for r in expected]}"
-                                 ": sizes differ by at most one and the larger stages come first.")
+            raise AssertionError(f"{what}: the ranges must cover layers 0..{n - 1} in order, each once; got "
+                                 f"{short(got)}.")
+        sizes, expected = [len(r) for r in got], [len(r) for r in reference_partition(n, k)]
+        if sizes != expected:
+            raise AssertionError(f"{what}: stage sizes {short(sizes)}, expected {short(expected)}: sizes differ by at "
+                                 "most one and the larger stages come first.")
     for n, k in [(3, 4), (0, 1), (4, 0), (2, -1)]:
         try:
             got = partition_layers(n, k)
@@ -110,8 +131,10 @@ def check_partition_layers(partition_layers) -> None:
 
 
 def _check_schedule(fn, name: str, reference, rule: str, extra=None) -> None:
-    for p, m in SHAPES:
-        what = f"{name}({p}, {m})"
+    seed = draw_seed()
+    shapes = [(p, m, "") for p, m in SHAPES] + [(p, m, f" (seed {seed})") for p, m in drawn_shapes(random.Random(seed))]
+    for p, m, drawn_with in shapes:
+        what = f"{name}({p}, {m}){drawn_with}"
         got = _normalise(_call(what, fn, p, m), p, what)
         _check_each_once(got, p, m, what)
         if extra is not None:
@@ -121,7 +144,7 @@ def _check_schedule(fn, name: str, reference, rule: str, extra=None) -> None:
             if got[s] != expected[s]:
                 k = next((i for i, (a, b) in enumerate(zip(got[s], expected[s])) if a != b), 0)
                 raise AssertionError(
-                    f"{what}: stage {s} runs {_fmt(got[s], 40)}; expected {_fmt(expected[s], 40)} (first "
+                    f"{what}: stage {s} runs {_fmt(got[s], 40, k - 8)}; expected {_fmt(expected[s], 40, k - 8)} (first "
                     f"difference at position {k}: {got[s][k][0]}{got[s][k][1]} instead of "
                     f"{expected[s][k][0]}{expected[s][k][1]}). {rule}")
 
@@ -152,26 +175,38 @@ def check_one_f_one_b_schedule(one_f_one_b_schedule) -> None:
                     extra=_warm_up)
 
 
-def _simulator_cases(rng: random.Random):
-    """(label, schedule, t_fwd, t_bwd, closed form or None)."""
+def _times(rng: random.Random) -> tuple:
+    """A forward and a backward time drawn at grading time: odd, unequal, either one the longer."""
+    return round(rng.uniform(0.1, 1.9), 3), round(rng.uniform(0.1, 3.7), 3)
+
+
+def _simulator_cases(rng: random.Random, seed: int):
+    """(label, schedule, t_fwd, t_bwd, closed form or None). Fixed sizes, then sizes and times drawn at grading time
+    (the schedules with a long chain of dependencies, naive and random orders, stay at p·m <= 160, so that a
+    simulator written as a recursion over finish times stays within Python's recursion limit)."""
     cases = []
-    for p, m in [(1, 3), (2, 1), (2, 4), (3, 2), (4, 1), (4, 4), (4, 8), (5, 3)]:
+    closed = [(p, m, 1.0, 2.0, "") for p, m in [(1, 3), (2, 1), (2, 4), (3, 2), (4, 1), (4, 4), (4, 8), (5, 3)]]
+    closed += [(p, m, *_times(rng), f" (seed {seed})") for p, m in drawn_shapes(rng, many=4, small=2)]
+    for p, m, tf, tb, drawn_with in closed:
         for label, sched in (("GPipe", reference_gpipe(p, m)), ("1F1B", reference_1f1b(p, m))):
-            cases.append((f"{label} p={p} m={m}, t_fwd=1, t_bwd=2", sched, 1.0, 2.0, (p, m)))
-    for p, m in [(2, 3), (3, 5), (4, 2), (4, 7)]:
-        tf, tb = round(rng.uniform(0.1, 1.9), 3), round(rng.uniform(0.1, 3.7), 3)
+            cases.append((f"{label} p={p} m={m}, t_fwd={tf:g}, t_bwd={tb:g}{drawn_with}", sched, tf, tb, (p, m)))
+    others = [(2, 3), (3, 5), (4, 2), (4, 7)]
+    others += [(p, rng.randint(1, min(20, 160 // p))) for p in (rng.randint(2, 8) for _ in range(4))]
+    for p, m in others:
+        tf, tb = _times(rng)
         for label, sched in (("GPipe", reference_gpipe(p, m)), ("1F1B", reference_1f1b(p, m)),
                              ("naive (F0 B0 F1 B1 ...)", naive_schedule(p, m)),
                              ("1F1B with p warm-up forwards on every stage", reference_1f1b(p, m, lambda s: p)),
                              ("a random valid order", random_valid_schedule(p, m, rng))):
-            cases.append((f"{label} p={p} m={m}, t_fwd={tf}, t_bwd={tb}", sched, tf, tb, None))
+            cases.append((f"{label} p={p} m={m}, t_fwd={tf:g}, t_bwd={tb:g} (seed {seed})", sched, tf, tb, None))
     return cases
 
 
 def check_simulate_schedule(simulate_schedule) -> None:
     """Makespan, bubble and busy spans against the closed forms and an independent simulation, odd times."""
-    rng = random.Random(draw_seed())
-    for label, sched, tf, tb, closed in _simulator_cases(rng):
+    seed = draw_seed()
+    rng = random.Random(seed)
+    for label, sched, tf, tb, closed in _simulator_cases(rng, seed):
         copy = [list(ops) for ops in sched]
         got = _call(f"simulate_schedule on {label}", simulate_schedule, copy, tf, tb)
         if copy != sched:
@@ -234,12 +269,19 @@ def check_simulate_schedule(simulate_schedule) -> None:
 
 def check_max_in_flight(max_in_flight) -> None:
     """Per stage, the most micro-batches forwarded and not yet backwarded, on standard and random schedules."""
-    rng = random.Random(draw_seed())
+    seed = draw_seed()
+    rng = random.Random(seed)
     cases = []
     for p, m in SHAPES:
         cases += [("GPipe", reference_gpipe(p, m)), ("1F1B", reference_1f1b(p, m))]
-    for p, m in [(3, 5), (4, 6), (5, 4)]:
-        cases += [("naive", naive_schedule(p, m)), ("a random valid order", random_valid_schedule(p, m, rng))]
+    for p, m in drawn_shapes(rng):
+        cases += [(f"GPipe, seed {seed}", reference_gpipe(p, m)), (f"1F1B, seed {seed}", reference_1f1b(p, m))]
+    others = [(p, m, "") for p, m in [(3, 5), (4, 6), (5, 4)]]
+    others += [(p, m, f", seed {seed}") for p, m in drawn_shapes(rng, many=3, small=1, large=False)]
+    for p, m, drawn in others:
+        cases += [(f"naive{drawn}", naive_schedule(p, m)),
+                  (f"1F1B with p warm-up forwards on every stage{drawn}", reference_1f1b(p, m, lambda s: p)),
+                  (f"a random valid order, seed {seed}", random_valid_schedule(p, m, rng))]
     for label, sched in cases:
         p, m = len(sched), len(sched[0]) // 2
         copy = [list(ops) for ops in sched]
