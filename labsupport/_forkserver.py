@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import sys
 
 _MAX_SOCKET_PATH = 104  # bytes of a Unix socket's path, on Linux (108) and macOS (104)
@@ -129,6 +130,31 @@ def forget_inherited_server() -> None:
         server._forkserver_alive_fd = None
 
 
+def start_quietly() -> None:
+    """Start multiprocessing's fork server (unless it runs) where no interrupt reaches it before it ignores them.
+
+    jupyter_client interrupts a kernel's whole process group (the fork server is in it) before it shuts the kernel
+    down or restarts it, and Ctrl-C interrupts a script's. The server ignores SIGINT once it serves, but first it
+    starts an interpreter and imports its preload (torch: seconds); interrupted then, it ended with a
+    KeyboardInterrupt traceback on the kernel's stderr, and the next ``run`` with an EOFError. So it is started as
+    multiprocessing starts its resource tracker, with SIGINT blocked in the starting thread: the block survives
+    exec, and an interrupt sent meanwhile waits until the server ignores SIGINT, which discards it. Processes forked
+    from the server inherit the block (a worker ignores SIGINT and lifts it: ``_worker.main``).
+    """
+    from multiprocessing import forkserver, resource_tracker
+
+    server = forkserver._forkserver
+    if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - Windows
+        server.ensure_running()
+        return
+    resource_tracker.ensure_running()  # first: starting the tracker unblocks SIGINT in this thread on its way out
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        server.ensure_running()  # (the instance's: it may be a shared server's)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
 def start_shared_server(folder: str, extra_preload=()) -> str:
     """Start a fork server in this process for others to share; returns the ``LABSUPPORT_FORK_SERVER`` value.
 
@@ -215,7 +241,6 @@ def _stop_within(helper, pid, wait: float) -> None:
     """``helper._stop()`` (it closes the helper's pipe and waits for the process ``pid``), killing it after ``wait``
     seconds (at once for 0). The process is our child and is not reaped before ``_stop`` returns, so its pid is no
     one else's."""
-    import signal
     import threading
 
     if pid is None or not hasattr(helper, "_stop"):

@@ -32,6 +32,7 @@ from ._forkserver import (
     _owner_alive,
     _stop_forkserver,
     _wants_early_start,
+    start_quietly,
 )
 
 _STARTUP_TIMEOUT = 180.0
@@ -176,6 +177,7 @@ class _Pool:
         from . import _worker
 
         ctx = _mp_context()
+        server = ctx.get_start_method() == "forkserver"
         with _NoMainImport():
             for i in range(n):
                 w = self.workers.get(i)
@@ -183,6 +185,9 @@ class _Pool:
                     continue
                 if w is not None:
                     self.kill([w])
+                if server:  # before the first start: the server, where no interrupt reaches it while it starts
+                    start_quietly()
+                    server = False
                 parent_conn, child_conn = ctx.Pipe(duplex=True)
                 stack_file = os.path.join(self.tmpdir, f"stack-{i}.txt")
                 board_file = os.path.join(self.tmpdir, f"board-{i}.bin")
@@ -288,12 +293,10 @@ atexit.register(shutdown)
 
 def _start_fork_server() -> None:
     try:
-        from multiprocessing import forkserver
-
         with _POOL.lock, _NoMainImport():
             if _mp_context().get_start_method() == "forkserver":
                 _POOL.folder()  # the server's listener socket goes there
-                forkserver._forkserver.ensure_running()  # (the instance's: it may use a shared server)
+                start_quietly()  # a kernel shut down while the server starts interrupts it: it must not hear that
     except Exception:  # an early start is only a head start: run() starts the server itself if this failed
         pass
 

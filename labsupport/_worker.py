@@ -325,6 +325,8 @@ def main(conn, stack_file: str, board_file: str | None = None) -> None:
     gc.freeze()
     _STACK_FILE[0] = stack_file
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the notebook decides when workers stop
+    if hasattr(signal, "pthread_sigmask"):  # the server started with SIGINT blocked (_forkserver.start_quietly)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     # On request (SIGUSR1), write every thread's Python stack: works even while blocked inside gloo.
     stack_fh = open(stack_file, "a")  # append: the notebook truncates it before each dump
     faulthandler.register(signal.SIGUSR1, file=stack_fh, all_threads=True, chain=False)

@@ -447,6 +447,59 @@ def test_fork_server_starts_early_in_a_notebook_kernel_only(tmp_path, case):
         assert server == "None", proc.stdout
 
 
+#: Imported by the fork server at a chosen point of its start: interrupts the server's process group once, as
+#: jupyter_client does before it shuts a kernel down or restarts it. The server's own interrupt is delivered
+#: before ``killpg`` returns, so the point is exact.
+INTERRUPT_HERE = """
+    import os, signal
+    _done = os.path.join(os.environ["INTERRUPT_DIR"], "interrupted")
+    if not os.path.exists(_done):
+        open(_done, "w").close()
+        os.killpg(0, signal.SIGINT)
+"""
+#: Imported by every Python that starts (site): the fork server interrupts before it has imported anything.
+INTERRUPT_AT_START_UP = """
+    import sys
+    if any("multiprocessing.forkserver import main" in a for a in getattr(sys, "orig_argv", ())):
+        import interrupt_here
+"""
+#: A notebook kernel as the fork server sees it: labsupport imported (the server starts in the background), an
+#: interrupt of its process group lived through, a first run, a shutdown.
+INTERRUPTED_START = """
+    import signal
+    signal.signal(signal.SIGINT, lambda *a: None)  # a kernel lives on after an interrupt
+    import labsupport._forkserver as fs
+    preload = fs._preload
+    if {where!r} == "before the preload":
+        fs._preload = lambda: ["interrupt_here"] + preload()
+    elif {where!r} == "after torch":
+        fs._preload = lambda: preload() + ["interrupt_here"]
+    import labsupport  # LABSUPPORT_EARLY_START=1: the fork server starts in the background
+    blocked = labsupport.run(lambda: signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []), world_size=1)
+    labsupport.shutdown()
+    print("SIGINT blocked in the worker:", blocked)
+"""
+
+
+@pytest.mark.parametrize("where", ["in the interpreter's start-up", "before the preload", "after torch"])
+def test_fork_server_interrupted_while_it_starts_prints_nothing(tmp_path, where):
+    """A kernel shut down (or interrupted) while its fork server starts interrupts the server too: the server goes
+    on without a word on stderr (it used to die of a KeyboardInterrupt, traceback and all, and the next run with an
+    EOFError), and the workers forked from it can be interrupted as before."""
+    folder = tmp_path / "interrupt"
+    folder.mkdir()
+    (folder / "interrupt_here.py").write_text(textwrap.dedent(INTERRUPT_HERE))
+    if where == "in the interpreter's start-up":
+        (folder / "sitecustomize.py").write_text(textwrap.dedent(INTERRUPT_AT_START_UP))
+    env = dict(os.environ, LABSUPPORT_EARLY_START="1", INTERRUPT_DIR=str(folder),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, _script(tmp_path, INTERRUPTED_START.format(where=where))], env=env,
+                          capture_output=True, text=True, timeout=240, start_new_session=True)
+    assert (folder / "interrupted").exists(), "the fork server was not interrupted: the test tests nothing"
+    assert proc.stderr == "", proc.stderr
+    assert proc.returncode == 0 and "SIGINT blocked in the worker: [False]" in proc.stdout, proc.stdout
+
+
 def _kernel(tmp_path, env):
     km = KernelManager(kernel_name="python3")
     km.start_kernel(cwd=str(tmp_path), env=env)
