@@ -2,16 +2,16 @@
 
 Bugs: in ``allgather_matmul`` the product before the transfer is posted, a blocking send (ordered so it does not
 deadlock), the chunks in the wrong order, the built-in all-gather, one product of the gathered input at the end,
-group ranks used as global ranks, no product on one rank; in ``matmul_reduce_scatter`` all partial products first,
-a blocking send, the wrong chunk kept, the built-in reduce-scatter, group ranks used as global ranks; in
+group ranks used as global ranks, no product on one rank; in ``matmul_reduce_scatter`` all partial products first, a
+blocking send, the wrong chunk kept, the built-in reduce-scatter, group ranks used as global ranks; in
 ``zero_bubble_schedule`` 1F1B with B split but W right after it (no gain), W before B, too many warm-up forwards, a
-schedule that cannot run, a table of ZB-H1 at the sizes the check once used; in ``simulate_schedule`` W taking t_bwd, W waiting for the next stage, a makespan taken
-from the first stage or from the last operation simulated instead of the last one to end; in
-``zigzag_ring_attention`` the contiguous split's mask, all blocks computed and masked, the masked blocks skipped on
-one kind of step only (unequal work), the transfer posted after the step's products, the built-in all-gather, group
-ranks used as global ranks. Correct alternatives: other ways of writing each (double buffering, W @ x.T,
-batch_isend_irecv with group_peer, einsum with group_dst/group_src, the diagonal blocks skipped block by block, an
-event-driven simulator).
+schedule that cannot run, a table of ZB-H1 at the sizes the check once used; in ``simulate_schedule`` W taking
+t_bwd, W waiting for the next stage, a makespan taken from the first stage or from the last operation simulated
+instead of the last one to end; in ``zigzag_ring_attention`` the contiguous split's mask, all blocks computed and
+masked, the masked blocks skipped on one kind of step only (unequal work), the transfer posted after the step's
+products, the built-in all-gather, group ranks used as global ranks. Correct alternatives: other ways of writing
+each (double buffering, W @ x.T, batch_isend_irecv with group_peer, einsum with group_dst/group_src, the diagonal
+blocks skipped block by block, an event-driven simulator).
 """
 
 import math
