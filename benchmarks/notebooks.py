@@ -1,10 +1,12 @@
 """How long each notebook takes top to bottom: the solutions, in a fresh kernel, as a student runs them.
 
     python benchmarks/notebooks.py [--assignment ID ...] [--grading] [--budget 60]
+    python benchmarks/notebooks.py --demos [NAME ...]
 
 Executes ``solutions/ID/ID.ipynb`` (the answers filled in) with nbclient in a new kernel and prints, per notebook,
 the wall time, the slowest cells, and the ratio to the budget (about a minute on two CPU cores is the course's
-target). ``--grading`` sets ``LABSUPPORT_GRADING=1`` as the autograder does, so measurements shrink. Every cell must
+target). ``--demos`` runs the GPU demos of ``demos/`` instead, which on a machine without GPUs shrink their sizes
+to fit two minutes (their default budget). ``--grading`` sets ``LABSUPPORT_GRADING=1`` as the autograder does, so measurements shrink. Every cell must
 run without an error: a failing cell is reported and the script exits non-zero.
 """
 
@@ -53,10 +55,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--assignment", nargs="*", help="assignment ids (default: every one in solutions/)")
     parser.add_argument("--grading", action="store_true", help="run as the autograder does (LABSUPPORT_GRADING=1)")
-    parser.add_argument("--budget", type=float, default=60.0, help="seconds a notebook should take (default 60)")
+    parser.add_argument("--demos", nargs="*", help="run demos/NAME.ipynb instead (default: every demo)")
+    parser.add_argument("--budget", type=float, help="seconds a notebook should take (default 60, demos 120)")
     parser.add_argument("--cell-timeout", type=float, default=300.0)
     args = parser.parse_args()
-    ids = args.assignment or sorted(p.name for p in (REPO / "solutions").iterdir() if (p / f"{p.name}.ipynb").is_file())
+    if args.demos is not None:
+        paths = {name: REPO / "demos" / f"{name}.ipynb" for name in args.demos}
+        paths = paths or {p.stem: p for p in sorted((REPO / "demos").glob("*.ipynb"))}
+    else:
+        ids = args.assignment or sorted(p.name for p in (REPO / "solutions").iterdir()
+                                        if (p / f"{p.name}.ipynb").is_file())
+        paths = {aid: REPO / "solutions" / aid / f"{aid}.ipynb" for aid in ids}
+    if args.budget is None:
+        args.budget = 120.0 if args.demos is not None else 60.0
     try:
         load = f"{os.getloadavg()[0]:.1f}"
     except OSError:
@@ -64,9 +75,9 @@ def main() -> int:
     print(f"{'grading' if args.grading else 'student'} mode, {os.cpu_count()} cores, load {load}; budget "
           f"{args.budget:g} s per notebook")
     failed = False
-    for aid in ids:
+    for aid, path in paths.items():
         try:
-            seconds, slowest = run(REPO / "solutions" / aid / f"{aid}.ipynb", args.grading, args.cell_timeout)
+            seconds, slowest = run(path, args.grading, args.cell_timeout)
         except Exception as exc:  # a cell failed: say which, go on with the others
             print(f"{aid:20s} FAILED: {str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__}")
             failed = True

@@ -192,6 +192,10 @@ class _Pool:
                 stack_file = os.path.join(self.tmpdir, f"stack-{i}.txt")
                 board_file = os.path.join(self.tmpdir, f"board-{i}.bin")
                 open(stack_file, "wb").close()
+                try:  # where a killed worker's sandbox wrote its pid (labsupport._sandbox): not this worker's
+                    os.unlink(stack_file + ".sandbox")
+                except FileNotFoundError:
+                    pass
                 new_board(board_file)
                 proc = ctx.Process(
                     target=_worker.main,

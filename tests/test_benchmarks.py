@@ -97,3 +97,19 @@ def test_overlap_trace_benchmark_prints_each_rank():
     assert [rank for rank, *_ in rows] == ["0", "1"], out
     assert all(0 <= float(a) <= 1 and 0 <= float(b) <= 1 for _, a, b, _ in rows), out
     assert re.search(r"largest difference: [\d.]+", out), out
+
+
+@pytest.mark.timing
+def test_latency_benchmark_prints_each_event():
+    out = _run_script("latency.py", "--world-size", "2", "--repeats", "1")
+    rows = re.findall(r"^  (a rank raises|a rank exits|the time-out passes|Ctrl-C)[^\d]*([\d.]+)\s+([\d.]+)x$", out,
+                      flags=re.M)
+    assert [event for event, _, _ in rows] == ["a rank raises", "a rank exits", "the time-out passes", "Ctrl-C"], out
+    assert all(float(ms) >= 0 and float(ratio) >= 0 for _, ms, ratio in rows), out
+
+
+def test_netsim_benchmark_prints_each_algorithm():
+    out = _run_script("netsim.py", "--ranks", "64", "--repeats", "1")
+    rows = re.findall(r"^  (\w+)\s+(\d+)\s+([\d.]+)(?:\s+[\d.]+ ms,\s+([\d.]+)x)?$", out, flags=re.M)
+    assert [name for name, *_ in rows] == ["ring", "naive", "recursive_doubling", "parameter_server"], out
+    assert [bool(ratio) for *_, ratio in rows] == [True, False, True, False], out  # the one-to-one ones, walked too

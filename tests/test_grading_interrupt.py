@@ -72,9 +72,9 @@ def test_an_interrupted_grading_leaves_nothing(tmp_path, how):
             grader.wait()
     assert grader.returncode == (130 if how == "ctrl-c" else 143), (grader.returncode, out, err)
     assert "interrupted" in err
-    gone, alive = psutil.wait_procs(tree, timeout=20)
+    gone, alive = psutil.wait_procs(tree, timeout=60)  # returns as soon as they are gone
     assert not alive, [(p.pid, p.cmdline()) for p in alive]
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while list(scratch.iterdir()) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert list(scratch.iterdir()) == []

@@ -162,7 +162,7 @@ def test_summary_table(matrix):
 def test_nothing_left_running(matrix):
     """No kernel or worker process started by the grading run outlives it."""
     scratch = str(matrix["scratch"])
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60  # the loop ends as soon as nothing is left
     while True:
         left = []
         for proc in psutil.process_iter(["pid", "cmdline", "cwd"]):

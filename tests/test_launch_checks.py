@@ -166,6 +166,7 @@ def test_planted_bug_is_caught(bug, message):
         L.check_rank_table(bug)
 
 
+@pytest.mark.timing
 def test_endless_loop_times_out():
     with pytest.raises(AssertionError, match=r"rank_table did not return within 2 s: is there an endless loop\?"):
         L.check_rank_table(endless, timeout=2)

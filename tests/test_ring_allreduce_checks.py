@@ -272,7 +272,9 @@ def test_all_reduce_dropped_remainder_is_caught():
     _fails(R.check_ring_all_reduce, ar_drop_remainder, "remainder", "numel % world_size", world_sizes=(3,))
 
 
-def test_all_reduce_blocking_send_deadlock_is_caught():
+@pytest.mark.timing
+def test_all_reduce_blocking_send_deadlock_is_caught(settled_timeouts):
+    """Reported once every rank is blocked in its send (settled_timeouts), so the advice is about the deadlock."""
     _fails(R.check_ring_all_reduce, ar_blocking, "deadlocked", "isend", world_sizes=(3,), timeout=3)
 
 

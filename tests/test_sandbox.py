@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 import labsupport
+from labsupport import launch
 from labsupport._sandbox import Unplain, sandboxed
 from labsupport.comm import CommCounter
 
@@ -212,13 +213,18 @@ def waits_forever(tensor):
     dist.recv(tensor, (dist.get_rank() + 1) % dist.get_world_size())
 
 
-def test_a_deadlock_report_shows_where_the_students_code_waits():
+@pytest.mark.timing
+def test_a_deadlock_report_shows_where_the_students_code_waits(settled_timeouts):
     with pytest.raises(labsupport.WorkerTimeout) as info:
         run(waits_forever, n=2, timeout=4)
     text = str(info.value)
     assert "rank 0: blocked in recv(src=1)" in text and "rank 1: blocked in recv(src=0)" in text, text
     assert "dist.recv(tensor, (dist.get_rank() + 1) % dist.get_world_size())" in text, text
     assert "labsupport/_sandbox.py" not in text, text
+    # the killed workers' sandboxes left their pids next to the stack files; the new workers must not inherit them
+    # (a later report would signal a process that is gone, or one that reused its pid, and read no stack)
+    labsupport.run(os.getpid, world_size=2)
+    assert [w for w in launch._POOL.workers.values() if os.path.exists(w.stack_file + ".sandbox")] == []
 
 
 def my_pid(tensor):
@@ -237,8 +243,9 @@ def test_the_sandbox_starts_each_task_afresh_and_ends_with_its_worker():
     folders = {r["out"][1] for r in first + second}
     assert all(os.path.basename(f).startswith("sandbox-") for f in folders), folders  # a private folder
     labsupport.shutdown()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in sandboxes):
+    deadline = time.monotonic() + 60  # ends as soon as they are gone
+    while time.monotonic() < deadline and any(psutil.pid_exists(p) or os.path.exists(f)
+                                               for p, f in zip(sandboxes, folders)):
         time.sleep(0.05)
     assert not any(psutil.pid_exists(p) for p in sandboxes)
     assert not any(os.path.exists(f) for f in folders)
