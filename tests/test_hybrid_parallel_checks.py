@@ -304,6 +304,10 @@ def _through_files(mine, send, recv, *decoy):
     outgoing = rows if real else torch.zeros(len(rows), width, dtype=rows.dtype)
     dist.all_to_all_single(incoming, outgoing, into.sum(1).tolist(), out_of.sum(1).tolist())
     os.remove(path(rank))
+    try:
+        os.rmdir(os.path.dirname(path(rank)))   # the last rank to get here removes the folder
+    except OSError:
+        pass
     return everyone
 
 

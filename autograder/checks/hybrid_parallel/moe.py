@@ -128,15 +128,17 @@ def _swapped(rows, swap: dict):
 class _InTransit:
     """While open, every all-to-all this rank makes delivers, in place of each row that ``swap`` names (a row another
     rank sends this one), that row's stand-in: found by its bytes in the call's output buffers once the call has
-    completed, and overwritten there before the function can read them. A right answer returns the stand-ins where
-    the rows belong, and the check expects them there; rows obtained another way (read from a file beside a decoy
-    all-to-all of the right size) are the originals, and are found out. The call is waited for here, in the tap's
-    ``exit`` (an asynchronous one as it is posted). Rows a rank keeps for itself are not changed."""
+    completed (when its ``Work.wait()`` returns, the one ``dist.all_to_all_single`` makes or the student's own after
+    ``async_op=True``), and overwritten there before the function can read them. A right answer returns the
+    stand-ins where the rows belong, and the check expects them there; rows obtained another way (read from a file
+    beside a decoy all-to-all of the right size) are the originals, and are found out. Rows a rank keeps for itself
+    are not changed. A functional all-to-all is waited for as it is posted."""
 
-    nested = True  # the process-group call is made inside dist.all_to_all_single
+    nested = True  # the process-group call, and its wait, are made inside dist.all_to_all_single
 
     def __init__(self, swap: dict):
         self.swap = swap
+        self._pending = []  # (work, its output tensors) of the all-to-alls posted and not yet waited for
         self._busy = False
 
     def __enter__(self):
@@ -154,7 +156,17 @@ class _InTransit:
         pass
 
     def exit(self, call) -> None:
-        if self._busy or not self.swap or not call.is_comm or call.in_comm or call.result is None:
+        if self._busy or not self.swap or call.result is None:
+            return
+        if call.level == "wait":  # the work of an all-to-all completed: its outputs hold what arrived
+            for index, (work, outputs) in enumerate(self._pending):
+                if work is call.target:
+                    del self._pending[index]
+                    for t in outputs:
+                        self._replace(t)
+                    return
+            return
+        if not call.is_comm or call.in_comm:
             return
         try:
             kind = call.kind
@@ -162,18 +174,16 @@ class _InTransit:
             return
         if kind not in ("all_to_all", "all_to_all_single"):
             return
-        self._busy = True
-        try:
-            if call.level == "functional":  # the op returns its output, to be waited for with wait_tensor
+        if call.level == "functional":  # the op returns its output, to be waited for with wait_tensor
+            self._busy = True
+            try:
                 torch.ops._c10d_functional.wait_tensor(call.result)
-                outputs = [call.result]
-            else:
-                call.result.wait()
-                outputs = call.args[0] if isinstance(call.args[0], (list, tuple)) else [call.args[0]]
-            for t in outputs:
-                self._replace(t)
-        finally:
-            self._busy = False
+                self._replace(call.result)
+            finally:
+                self._busy = False
+            return
+        outputs = call.args[0] if isinstance(call.args[0], (list, tuple)) else [call.args[0]]
+        self._pending.append((call.result, list(outputs)))
 
     def _replace(self, t) -> None:
         if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or not t.numel():
