@@ -224,6 +224,11 @@ def end_task() -> None:
         _HOST[0].task_over()
 
 
+def pid() -> int | None:
+    """This worker's sandbox, while it lives (it is kept from task to task): its process id."""
+    return _HOST[0].pid if _HOST and _HOST[0].alive() else None
+
+
 def refusals() -> list:
     """What this task's sandbox was refused so far (read by the host, for a check that wants the list)."""
     return list(_HOST[0].refused) if _HOST else []

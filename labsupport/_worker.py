@@ -9,7 +9,7 @@ Messages are pickled tuples sent over one ``multiprocessing`` connection:
     notebook -> worker   ("task", call_id, spec_dict, payload_bytes)  ("finish", call_id)  ("ping",)  ("exit",)
     worker -> notebook   ("hello", pid, main_thread_ident)  ("out", call_id, stream, text)
                          ("result", call_id, bytes)  ("error", call_id, error_dict)
-                         ("pong", process_group_initialised)
+                         ("pong", process_group_initialised, sandbox_pid_or_None)
 
 Besides the connection, each worker shares two small files with the notebook: the stack file, where
 faulthandler writes every thread's stack on SIGUSR1, and the *call board*, where the worker keeps the
@@ -358,4 +358,6 @@ def main(conn, stack_file: str, board_file: str | None = None) -> None:
         elif msg[0] == "finish":
             _finish()
         elif msg[0] == "ping":  # answered in order, after any "finish" sent before it
-            _send(conn, ("pong", dist.is_initialized()))
+            from . import _sandbox
+
+            _send(conn, ("pong", dist.is_initialized(), _sandbox.pid()))

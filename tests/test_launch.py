@@ -49,9 +49,10 @@ def _helpers() -> set:
     return {p for p in pids if p}
 
 
-def _unexpected_children() -> list:
-    """Children that are neither a live pool worker nor a helper: a killed worker not yet gone (or a zombie)."""
-    allowed = _helpers() | {w.process.pid for w in launch._POOL.workers.values() if w.alive()}
+def _unexpected_children(sandboxes: set = frozenset()) -> list:
+    """Children that are neither a live pool worker, its sandbox, nor a helper: a killed worker not yet gone (or a
+    zombie), or a process a call left behind."""
+    allowed = _helpers() | {w.process.pid for w in launch._POOL.workers.values() if w.alive()} | set(sandboxes)
     out = []
     for p in _children():
         try:
@@ -67,8 +68,9 @@ def _unexpected_children() -> list:
 SETTLE = 60.0
 
 
-def _ping(w, timeout: float = SETTLE) -> bool:
-    """Whether worker ``w`` still has a process group; it answers from its main loop, so it is idle."""
+def _pong(w, timeout: float = SETTLE) -> tuple:
+    """Worker ``w``'s answer to a ping, from its main loop (so it is idle): (whether it still has a process group,
+    its sandbox's pid or None)."""
     w.conn.send_bytes(pickle.dumps(("ping",)))
     deadline = time.monotonic() + timeout
     while True:
@@ -76,16 +78,33 @@ def _ping(w, timeout: float = SETTLE) -> bool:
         assert left > 0 and w.conn.poll(left), f"worker {w.index} did not answer a ping: it is not idle"
         msg = pickle.loads(w.conn.recv_bytes())
         if msg[0] == "pong":
-            return msg[1]
+            return msg[1], msg[2]
+
+
+def _ping(w, timeout: float = SETTLE) -> bool:
+    """Whether worker ``w`` still has a process group."""
+    return _pong(w, timeout)[0]
+
+
+def _sandboxes(workers) -> set:
+    """The sandboxes that idle workers keep on purpose (grading's, labsupport._sandbox), each its worker's child."""
+    out = set()
+    for w in workers:
+        pid = _pong(w)[1]
+        if pid is not None:
+            assert psutil.Process(pid).ppid() == w.process.pid, f"worker {w.index}'s sandbox is not its child"
+            out.add(pid)
+    return out
 
 
 def _assert_no_leftovers(handlers) -> None:
     assert {s: signal.getsignal(s) for s in WATCHED_SIGNALS} == handlers, "the kernel's signal handlers changed"
-    deadline = time.monotonic() + SETTLE
-    while _unexpected_children() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _unexpected_children() == [], "a worker survived its call (or was not reaped)"
     workers = list(launch._POOL.workers.values())
+    sandboxes = _sandboxes([w for w in workers if w.alive()])
+    deadline = time.monotonic() + SETTLE
+    while _unexpected_children(sandboxes) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _unexpected_children(sandboxes) == [], "a worker survived its call (or was not reaped)"
     for w in workers:
         assert w.alive(), f"worker {w.index} is in the pool but dead"
         assert _ping(w) is False, f"worker {w.index} still has the process group of an earlier call"
