@@ -152,26 +152,40 @@ class Sandboxed:
         return _host().call(self, args, kwargs)
 
 
-def sandboxed(fn, what: str = "", allow=None, forbid=None) -> Sandboxed:
+def sandboxed(fn, what: str = "", allow=None, forbid=None, driver=None) -> Sandboxed:
     """``fn`` wrapped for a check (called in the grader's process): ``what`` names the exercise in messages,
     ``allow`` is the set of ``torch.distributed`` calls it may make (``{"send", "recv"}``), None for any;
     ``forbid`` maps ``"module:name"`` of a built-in the exercise re-implements to the message it raises if the
-    function uses it (``{"torch.utils.data:DistributedSampler": "shard_indices must not ..."}``)."""
+    function uses it (``{"torch.utils.data:DistributedSampler": "shard_indices must not ..."}``).
+
+    ``driver``, for an exercise that is a class or a set of functions, is a function of the grader's that exercises
+    ``fn`` in the sandbox: the call is then ``driver(fn, *args, **kwargs)``. It travels by value with its module (so
+    that module may import only the standard library, torch and labsupport); it runs beside the student's code, so
+    what it returns is read as the student's own answer: plain data that the host checks."""
+    import functools
+
     from . import _pickling
 
     if isinstance(fn, Sandboxed):
         return fn
     name = getattr(fn, "__name__", type(fn).__name__)
-    module = sys.modules.get(getattr(fn, "__module__", None) or "")
-    if module is None or module.__name__ == "__main__" or not _own_file(module):
-        return Sandboxed(_pickling.dumps(fn), name, what or name, allow, forbid)
-    import cloudpickle
+    modules = []
+    if driver is not None:
+        modules.append(sys.modules[driver.__module__])
+        fn = functools.partial(driver, fn)
+    module = sys.modules.get(getattr(fn if driver is None else fn.args[0], "__module__", None) or "")
+    if module is not None and module.__name__ != "__main__" and _own_file(module):
+        modules.append(module)  # a module of the course's users (a test, a script): by value, since the sandbox
+    import cloudpickle          # may not import what that module imports
 
-    cloudpickle.register_pickle_by_value(module)  # a module of the course's users (a test, a script): by value,
-    try:                                          # since the sandbox may not import what that module imports
+    modules = list({id(m): m for m in modules}.values())
+    for mod in modules:
+        cloudpickle.register_pickle_by_value(mod)
+    try:
         return Sandboxed(_pickling.dumps(fn), name, what or name, allow, forbid)
     finally:
-        cloudpickle.unregister_pickle_by_value(module)
+        for mod in modules:
+            cloudpickle.unregister_pickle_by_value(mod)
 
 
 def _own_file(module) -> bool:
@@ -229,6 +243,35 @@ def pid() -> int | None:
     return _HOST[0].pid if _HOST and _HOST[0].alive() else None
 
 
+def record() -> list:
+    """This task's relayed requests so far, as the host saw them: ``(kind, peer, nbytes, posted, waited,
+    cpu_posted, cpu_waited)`` each, times from ``time.perf_counter`` and the sandbox's CPU time in seconds (read from
+    ``/proc``, outside the sandbox: work that really ran between a post and its wait shows there). Empty without a
+    sandbox."""
+    return [tuple(entry) for entry in _HOST[0].log] if _HOST else []
+
+
+def cpu_seconds() -> float | None:
+    """The CPU time this worker's sandbox has used so far (every thread), read from ``/proc``; None without one."""
+    return _HOST[0].cpu() if _HOST and _HOST[0].alive() else None
+
+
+def memory() -> dict | None:
+    """This worker's sandbox's memory as the kernel counts it, read from ``/proc`` (bytes): ``rss`` now and
+    ``peak`` (the high-water mark since the last ``reset_peak``); None without one."""
+    return _HOST[0].memory() if _HOST and _HOST[0].alive() else None
+
+
+def reset_peak() -> None:
+    """Start the sandbox's high-water mark again from its present resident size."""
+    if _HOST and _HOST[0].alive():
+        try:
+            with open(f"/proc/{_HOST[0].pid}/clear_refs", "w") as fh:
+                fh.write("5")
+        except OSError:
+            pass
+
+
 def refusals() -> list:
     """What this task's sandbox was refused so far (read by the host, for a check that wants the list)."""
     return list(_HOST[0].refused) if _HOST else []
@@ -252,7 +295,7 @@ class _Host:
         self.groups = {}
         self.pending = {}
         self.refused = []
-        self.log = []           # (kind, peer, nbytes, posted, waited) of every relayed request
+        self.log = []           # every relayed request of this task (see record())
         self.next_handle = 1
         parent, child = socket.socketpair()
         for stream in (sys.stdout, sys.stderr):
@@ -283,7 +326,7 @@ class _Host:
 
         self.call_id = CURRENT.get("call_id")
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.groups, self.pending, self.known = {}, {}, set()
+        self.groups, self.pending, self.known, self.log = {}, {}, set(), []
         self._send(("task", dict(CURRENT), dict(os.environ)))
 
     def task_over(self) -> None:
@@ -325,6 +368,27 @@ class _Host:
             except (ProcessLookupError, ChildProcessError):
                 pass
         shutil.rmtree(self.folder, ignore_errors=True)
+
+    def cpu(self) -> float | None:
+        total = 0
+        try:
+            for task in os.listdir(f"/proc/{self.pid}/task"):
+                try:
+                    with open(f"/proc/{self.pid}/task/{task}/schedstat") as fh:
+                        total += int(fh.read().split()[0])
+                except (OSError, ValueError, IndexError):
+                    pass
+        except OSError:
+            return None
+        return total / 1e9
+
+    def memory(self) -> dict | None:
+        try:
+            with open(f"/proc/{self.pid}/status") as fh:
+                fields = dict(line.split(":", 1) for line in fh if ":" in line)
+            return {"rss": int(fields["VmRSS"].split()[0]) * 1024, "peak": int(fields["VmHWM"].split()[0]) * 1024}
+        except (OSError, KeyError, ValueError):
+            return None
 
     # -- one call of the student's function
     def call(self, fn: Sandboxed, args, kwargs):
@@ -413,7 +477,7 @@ class _Host:
             done = work.wait()
             if isinstance(work, _Then):
                 outputs = [done]
-            entry[4] = time.perf_counter()
+            entry[4], entry[6] = time.perf_counter(), self.cpu()
             return [raw(t) for t in outputs] if outputs is not None else None
         blocking, args = args[0], args[1:]
         op = _KIND.get(kind, kind)
@@ -429,7 +493,7 @@ class _Host:
         group, ranks = self._group(name)
         me = ranks.index(self.rank) if self.rank in ranks else None
         nbytes = 0
-        posted = time.perf_counter()
+        posted, cpu_posted = time.perf_counter(), self.cpu()
         if kind == "isend":
             dst, tag, item = args
             t = unraw(item)
@@ -449,13 +513,13 @@ class _Host:
                 work = dist.irecv(t, peer, group=group, tag=tag)
         else:
             work, outputs, peer = self._collective(kind, args, group, ranks, me)
-        entry = [op, peer, nbytes, posted, None]
+        entry = [op, peer, nbytes, posted, None, cpu_posted, None]
         self.log.append(entry)
         if blocking:
             done = work.wait() if work is not None else None
             if isinstance(work, _Then):
                 outputs = [done]
-            entry[4] = time.perf_counter()
+            entry[4], entry[6] = time.perf_counter(), cpu_posted
             return [raw(t) for t in outputs] if outputs is not None else None
         handle = self.next_handle
         self.next_handle += 1
@@ -670,12 +734,14 @@ def _become_sandbox(sock, rank, world_size, folder, stack_file) -> None:
         for name in [m for m in sys.modules if m == "autograder" or m.startswith("autograder.")]:
             del sys.modules[name]
         sys.meta_path.insert(0, _NoGrader())
+    started_in = os.getcwd()  # the notebook's (or submission's) folder: its files are the answer's to read
     os.chdir(folder)
     os.environ["TMPDIR"] = folder
     tempfile.tempdir = None
-    from . import _seccomp
+    from . import _landlock, _seccomp
 
     _seccomp.drop_capabilities()
+    _landlock.restrict(folder, _landlock.readable_roots([started_in]), keep_out=[os.path.dirname(folder)])
     _seccomp.install()
     _serve_calls(link)
 

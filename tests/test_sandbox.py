@@ -267,3 +267,125 @@ def test_the_builtin_an_exercise_rebuilds_raises_inside_its_call():
     with pytest.raises(labsupport.WorkerError, match="RuntimeError: do not"):
         labsupport.run(call, sandboxed(shards_with_the_builtin, forbid=rules), 6, world_size=1)
     assert labsupport.run(call, sandboxed(shards_with_the_builtin), 6, world_size=1) == [[0, 2, 4]]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# what the host measures from outside, a class driven in the sandbox, and the sandbox's files
+
+
+def keeps_files(tensor):
+    import glob
+
+    out = {}
+    with open("mine.txt", "w") as fh:  # its own folder (the working directory): allowed
+        fh.write(str(dist.get_rank()))
+    out["own"] = open("mine.txt").read()
+    for what, path, mode in (("tmp", "/tmp/labsupport-sandbox-test.txt", "w"),
+                             ("pool", os.path.join(os.path.dirname(os.getcwd()), "x.txt"), "w")):
+        try:
+            open(path, mode).close()
+            out[what] = "written"
+        except PermissionError:
+            out[what] = "refused"
+    try:
+        out["others"] = sorted(glob.glob(os.path.join(os.path.dirname(os.getcwd()), "sandbox-*", "mine.txt")))
+    except PermissionError:
+        out["others"] = "refused"
+    out["torch"] = torch.ones(2).sum().item()  # Python's and torch's files are still read
+    return out
+
+
+def test_a_sandbox_writes_only_its_own_folder_and_reads_no_other_ranks():
+    from labsupport import _landlock
+
+    if _landlock.restrict.__defaults__ is None and not sys.platform.startswith("linux"):
+        pytest.skip("Landlock is Linux's")
+    ranks = run(keeps_files, n=2, allow=None)
+    for r, got in enumerate(ranks):
+        out = got["out"]
+        assert out["own"] == str(r) and out["torch"] == 2.0
+        assert out["tmp"] == "refused" and out["pool"] == "refused", out
+        assert out["others"] in ("refused", []), out  # not even its own folder is seen from the pool's
+    assert not os.path.exists("/tmp/labsupport-sandbox-test.txt")
+
+
+def overlaps(tensor, work):
+    peer = 1 - dist.get_rank()
+    incoming = torch.empty_like(tensor)
+    requests = [dist.isend(tensor, peer), dist.irecv(incoming, peer)]
+    a = torch.randn(256, 256)
+    for _ in range(work):  # real products while the messages travel
+        a = torch.tanh(a @ a)
+    for request in requests:
+        request.wait()
+    return incoming
+
+
+def cpu_between(fn, work):
+    from labsupport import _sandbox
+
+    fn(torch.ones(1000), work)
+    return [(kind, cpu_waited - cpu_posted) for kind, _, _, _, _, cpu_posted, cpu_waited in _sandbox.record()]
+
+
+def test_the_host_reads_the_work_done_between_a_post_and_its_wait():
+    """CPU time, read from /proc outside the sandbox: what ran between a post and its wait, whatever the load."""
+    idle = labsupport.run(cpu_between, sandboxed(overlaps, "overlaps"), 0, world_size=2, timeout=60)
+    busy = labsupport.run(cpu_between, sandboxed(overlaps, "overlaps"), 40, world_size=2, timeout=60)
+    for rank in range(2):
+        assert [k for k, _ in busy[rank]] == ["send", "recv"]
+        # 40 products of 256x256 matrices: over 40 million multiply-adds between the first post and its wait
+        assert busy[rank][0][1] > 0.005 and busy[rank][0][1] > 5 * idle[rank][0][1], (idle, busy)
+
+
+KEPT = []
+
+
+def holds(mib):
+    KEPT.append(torch.ones(mib * 2**18))  # float32: mib MiB, kept after the call
+    return len(KEPT)
+
+
+def peak_of(fn, mib):
+    from labsupport import _sandbox
+
+    _sandbox.reset_peak()
+    before = _sandbox.memory()
+    fn(mib)
+    after = _sandbox.memory()
+    return before, after
+
+
+def test_the_host_reads_the_sandboxs_memory():
+    [(before, after)] = labsupport.run(peak_of, sandboxed(holds, "holds"), 200, world_size=1)
+    assert after["rss"] - before["rss"] >= 190 * 2**20 and after["peak"] >= after["rss"]
+
+
+class Accumulator:  # a student's class: its state lives in the sandbox from call to call of the driver
+    def __init__(self):
+        self.total = torch.zeros(3)
+
+    def add(self, tensor):
+        dist.all_reduce(tensor)
+        self.total += tensor
+
+
+def drive_accumulator(cls, steps):
+    acc = cls()
+    seen = []
+    for step in range(steps):
+        acc.add(torch.full((3,), float(step + dist.get_rank())))
+        seen.append(acc.total.clone())
+    return seen
+
+
+def test_a_driver_exercises_a_students_class_in_the_sandbox():
+    def host(fn):
+        with CommCounter() as cc:
+            seen = fn(3)
+        return seen, [c.kind for c in cc.summary.calls]
+
+    fn = sandboxed(Accumulator, "Accumulator", {"all_reduce"}, driver=drive_accumulator)
+    for seen, kinds in labsupport.run(host, fn, world_size=2):
+        assert [t.tolist() for t in seen] == [[1.0] * 3, [4.0] * 3, [9.0] * 3]
+        assert kinds == ["all_reduce"] * 3

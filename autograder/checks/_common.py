@@ -52,14 +52,16 @@ BUILT_INS = {
 }
 
 
-def in_sandbox(fn, what: str, allow=None):
+def in_sandbox(fn, what: str, allow=None, driver=None, forbid=None):
     """``fn`` as the workers will call it: in a sandbox of each rank, behind a host that carries its messages
     (``labsupport._sandbox``). ``allow`` names the ``torch.distributed`` calls the exercise may make (the others are
     refused with a message that names the rule); what the check reads (results, arguments, the ``CommCounter``'s
-    record) is measured in the host, where the student's code never runs."""
+    record) is measured in the host, where the student's code never runs. ``driver`` (a function of a module that
+    imports only the standard library, torch and labsupport) exercises a class or several functions there:
+    the call is ``driver(fn, ...)``, and what it returns is the student's answer, checked by the host."""
     from labsupport._sandbox import sandboxed
 
-    return sandboxed(fn, what, allow)
+    return sandboxed(fn, what, allow, forbid=forbid, driver=driver)
 
 
 #: What a check's message starts with when a warden refused something: the grader flags such a submission.
