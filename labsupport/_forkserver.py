@@ -172,7 +172,7 @@ def start_shared_server(folder: str, extra_preload=()) -> str:
         with _NoMainImport():
             _mp_context().set_forkserver_preload(_preload() + list(extra_preload))
             server = forkserver._forkserver
-            server.ensure_running()
+            start_quietly()  # a Ctrl-C of the grading command during its start: no traceback from the server
     finally:
         if saved is None:
             os.environ.pop("LABSUPPORT_PRELOAD_DYNAMO", None)

@@ -130,3 +130,57 @@ def test_the_server_ends_with_its_owner():
 def test_a_malformed_or_stale_value_is_ignored(tmp_path):
     out = _client(f"999999999:{tmp_path / 'nothing'}")
     assert out["own"] is not None and out["first"] == [out["own"], out["own"]]
+
+
+PATIENT_OWNER = """
+import signal, sys
+signal.signal(signal.SIGINT, lambda *a: None)  # the owner hears Ctrl-C (and goes on); exec resets this for the server
+from labsupport import _forkserver
+print("ready", flush=True)
+print(_forkserver.start_shared_server(sys.argv[1]), flush=True)
+sys.stdin.read()
+"""
+
+
+def _hears_interrupts(pid: int) -> bool:
+    """Whether process ``pid`` lives and neither ignores nor blocks SIGINT (from /proc: no timing involved)."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    except OSError:
+        return False
+    bit = 1 << (signal.SIGINT - 1)
+    return not (int(fields["SigIgn"], 16) & bit or int(fields["SigBlk"], 16) & bit)
+
+
+def test_an_interrupt_while_the_server_starts_leaves_no_traceback():
+    """Ctrl-C reaches the whole process group (a terminal's, a kernel's): the server, still importing torch, must not
+    hear it."""
+    folder = tempfile.mkdtemp(prefix="shared-fs-", dir="/tmp")
+    owner = subprocess.Popen([sys.executable, "-c", PATIENT_OWNER, folder], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                             start_new_session=True)
+    try:
+        import select
+
+        assert owner.stdout.readline().strip() == "ready"
+        value = ""
+        deadline = time.monotonic() + 240
+        while not value and time.monotonic() < deadline and owner.poll() is None:
+            os.killpg(owner.pid, signal.SIGINT)
+            if select.select([owner.stdout], [], [], 0.02)[0]:
+                value = owner.stdout.readline().strip()
+        assert ":" in value, owner.stderr.read() if owner.poll() is not None else "no answer"
+        server = int(value.split(":")[0])
+        while _hears_interrupts(server) and time.monotonic() < deadline:  # until it serves (and ignores them)
+            os.killpg(owner.pid, signal.SIGINT)
+            time.sleep(0.02)
+        out = _client(value)
+        assert out["first"] == [int(value.split(":")[0])] * 2, "the server does not serve after the interrupts"
+    finally:
+        owner.stdin.close()
+        owner.wait(timeout=30)
+        err = owner.stderr.read()
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
