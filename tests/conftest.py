@@ -100,3 +100,15 @@ def settled_timeouts(monkeypatch):
 
     patience.install(monkeypatch.setattr)
 
+
+
+@pytest.fixture
+def grader_out_of_reach(monkeypatch):
+    """As in grading: a sandbox cannot import the grader (this suite's ``LABSUPPORT_TEST_GRADER_IN_SANDBOX`` is
+    removed). A worker keeps its sandbox from call to call, so the workers start afresh before the test and after."""
+    import labsupport
+
+    monkeypatch.delenv("LABSUPPORT_TEST_GRADER_IN_SANDBOX", raising=False)
+    labsupport.shutdown()
+    yield
+    labsupport.shutdown()

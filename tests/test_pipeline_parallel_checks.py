@@ -519,23 +519,25 @@ def test_run_pipeline_accepts_isend_irecv():
     (dict(average=False), "m times too large: average the loss"),
     (dict(ignore_schedule=True), r"run exactly this stage's list"),
 ])
-def test_run_pipeline_rejects(kwargs, match):
+def test_run_pipeline_rejects(kwargs, match, settled_timeouts):
     with pytest.raises(AssertionError, match=match) as info:
         check_run_pipeline(functools.partial(run_ok, **kwargs), world_sizes=(3,), timeout=DEADLOCK_TIMEOUT)
     assert len(str(info.value)) <= 400, str(info.value)   # the feedback page cuts at 400: the hint must get there
 
 
 @pytest.mark.parametrize("kwargs", [dict(grad_to=+1), dict(blocking=True)])
-def test_run_pipeline_deadlocks_are_reported(kwargs):
+def test_run_pipeline_deadlocks_are_reported(kwargs, settled_timeouts):
     with pytest.raises(AssertionError, match="deadlock|exchanged messages with rank"):
         check_run_pipeline(functools.partial(run_ok, **kwargs), world_sizes=(3,), timeout=DEADLOCK_TIMEOUT)
 
 
-def test_unwaited_requests_are_named_when_every_rank_waits_to_receive():
+def test_unwaited_requests_are_named(settled_timeouts):
+    """Where the student's function runs in a sandbox its host performs every request and logs whether it was
+    waited for: an isend never waited on is named (without a sandbox, the message may never be delivered, and the
+    deadlock report says the same: "Every rank was waiting to receive: ...")."""
     with pytest.raises(AssertionError) as info:
         check_run_pipeline(functools.partial(run_ok, drop_requests=True), world_sizes=(2,), timeout=DEADLOCK_TIMEOUT)
-    assert "Every rank was waiting to receive: a message sent with isend whose request was never waited on" in \
-        str(info.value), str(info.value)
+    assert "a message sent with isend whose request was never waited on" in str(info.value), str(info.value)
 
 
 def test_run_pipeline_not_implemented():

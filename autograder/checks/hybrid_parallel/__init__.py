@@ -7,11 +7,13 @@
 * ``dispatch_tokens`` / ``combine_tokens`` run on 2, 3 and 4 ranks with random routing (uneven counts, an expert
   that receives nothing, a rank with no tokens), float32 and float64, against the single-process layer computed
   inside every worker from all ranks' inputs. ``combine_tokens`` is fed the reference dispatch, so each exercise is
-  graded on its own. How: tokens cross ranks in all-to-all calls (``CommCounter``): at least the rows bound for
-  other ranks, at most every row once plus a little metadata; no send/recv. And the rows returned must be those the
-  all-to-all delivered: every row another rank sends arrives changed (``moe._InTransit`` replaces it, in the call's
-  output buffer, by a row drawn at grading time that no rank holds), so rows that came another way (files beside a
-  decoy all-to-all of the right size) are the originals, where the check expects the stand-ins.
+  graded on its own. How: the student's function runs in the grading sandbox of each rank (``in_sandbox``), whose
+  only way to the other ranks is its host, and which writes only its own folder (ranks share no files); the host
+  carries every all-to-all and its ``CommCounter`` must show the rows crossing: at least the rows bound for other
+  ranks, at most every row once plus a little metadata; no send/recv. And the rows returned must be those the
+  all-to-all delivered: every row another rank sends arrives changed (``moe._InTransit``, in the host, replaces it in
+  the call's output buffer by a row drawn at grading time that no rank holds), so rows that came another way are
+  the originals, where the check expects the stand-ins (the defence that remains where no sandbox runs).
 * ``activation_bytes`` and ``fits`` are compared with the formulas of Korthikanti et al. 2022 (Table 2) and of
   the ZeRO paper (Rajbhandari et al. 2020), and ``fits``'s step time with the notebook's model (Narayanan et al.
   2021's FLOPs, the bubble, α-β costs of the communication), restated here as oracles, on drawn clusters too.

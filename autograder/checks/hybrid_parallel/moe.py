@@ -1,6 +1,7 @@
 """``check_dispatch_tokens`` and ``check_combine_tokens``: the mixture-of-experts cases drawn for every rank, the
 reference dispatch, and the probe that runs on the workers (results against the single-process layer, the bytes
 that cross ranks in all-to-all calls, the rows returned against those the all-to-all delivered: ``_InTransit``).
+The student's function runs in each rank's grading sandbox; the probe, its counter and ``_InTransit`` in the host.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import random
 
 import torch
 
-from .._common import draw_seed, run_on_workers, short
+from .._common import draw_seed, in_sandbox, run_on_workers, short
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -336,6 +337,12 @@ def _moe_probe(fn, seed, which):
                     f"{where}: {which}_tokens lost its connection inside an all-to-all ({text[:100]}): another rank "
                     "crashed there. The sizes each rank expects (output_split_sizes) must equal what its peers send "
                     "it: exchange the counts with an all-to-all first.") from None
+            notes = " ".join(getattr(exc, "__notes__", None) or ())
+            if "invalid for input of size" in text and "all_to_all" in notes.rsplit("File ", 1)[-1]:
+                raise AssertionError(  # the all-to-all delivered another number of rows than its output holds
+                    f"{where}: {which}_tokens received other sizes than its output_split_sizes said ({text[:80]}): "
+                    "the sizes each rank expects must equal what its peers send it: exchange the counts with an "
+                    "all-to-all first.") from None
             raise AssertionError(f"{where}: {which}_tokens raised {type(exc).__name__}: {text[:200]}") from None
         first = _agree(failure)
         if first is not None:
@@ -343,8 +350,13 @@ def _moe_probe(fn, seed, which):
     return True
 
 
+SIGNATURES = {"dispatch": "dispatch_tokens(tokens, expert_of_token, num_experts)",
+              "combine": "combine_tokens(expert_outputs, expert_of_token, num_experts)"}
+
+
 def _check_moe(fn, which, timeout):
     seed = draw_seed()
+    fn = in_sandbox(fn, SIGNATURES[which])
     for world in (2, 3, 4):
         run_on_workers(_moe_probe, fn, seed, which, world_size=world, what=f"{which}_tokens", timeout=timeout)
 

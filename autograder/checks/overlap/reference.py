@@ -105,12 +105,14 @@ def zigzag_positions(world: int, rank: int, chunk: int) -> list:
     return [pos for which in (rank, 2 * world - 1 - rank) for pos in range(which * chunk, which * chunk + chunk)]
 
 
-def dense_causal(q, k, v):
-    """(B, S, H, D) each: causal attention in one process, in float64 for the oracle."""
+def dense_causal(q, k, v, rows=None):
+    """(B, S, H, D) each: causal attention in one process, in float64 for the oracle; ``rows``, a list of query
+    positions, computes those only (the result's second dimension follows them)."""
     import torch
 
-    qf, kf, vf = (t.double().transpose(1, 2) for t in (q, k, v))
-    scores = qf @ kf.transpose(-2, -1) / math.sqrt(q.shape[-1])
     S = q.shape[1]
-    scores = scores.masked_fill(torch.ones(S, S, dtype=torch.bool).triu(1), -math.inf)
+    rows = torch.arange(S) if rows is None else torch.as_tensor(rows)
+    qf, kf, vf = (t.double().transpose(1, 2) for t in (q[:, rows], k, v))
+    scores = qf @ kf.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(torch.arange(S)[None, :] > rows[:, None], -math.inf)
     return (torch.softmax(scores, -1) @ vf).transpose(1, 2).to(q.dtype)

@@ -15,15 +15,19 @@ valid orders (recorded from a list scheduler with random durations, so that ever
 forward and backward times drawn at grading time.
 
 ``run_pipeline`` runs on 2, 3 and 4 ranks with an odd number of layers of different kinds (the stages are unequal),
-for GPipe and 1F1B, ``m < p``, ``m = p`` and ``m > p``, one micro-batch too. Each rank compares its loss and every
-gradient with the same model trained in one process with the loss averaged over micro-batches. How: the stage the
-student receives records the order of its forward and backward passes (compared with ``schedule[rank]``), and
-``CommCounter`` records that only point-to-point messages to the neighbouring stages were used. Every case ends with
-one small all-reduce outside the counted region through which all ranks learn whether one found a problem, so a
-wrong answer never becomes a deadlock; a real deadlock is stopped by the probe's time limit.
+for GPipe and 1F1B, ``m < p``, ``m = p`` and ``m > p``, one micro-batch too. The student's function runs in each
+rank's grading sandbox (``drivers.drive_pipeline`` builds the stage there from the parameters of this stage's layers
+only, which the host drew); the host compares the loss and every gradient with the same model trained in one
+process with the loss averaged over micro-batches, and reads from its own record (``CommCounter``, the sandbox's
+requests) that only point-to-point messages to the neighbouring stages were used, that each micro-batch's activation
+crossed to the next stage and its gradient to the previous one (their bytes, plus at most a little metadata), and
+that every request was waited for. The stage also records the order of its forward and backward passes (compared
+with ``schedule[rank]``: a message for a schedule run out of order). Every case ends with one small all-reduce
+outside the counted region through which all ranks learn whether one found a problem, so a wrong answer never
+becomes a deadlock; a real deadlock is stopped by the probe's time limit.
 
 The package: ``reference`` (the references above), ``schedules`` (the checks that run in one process),
-``workers`` (``check_run_pipeline`` and its probe).
+``workers`` (``check_run_pipeline`` and its probe), ``drivers`` (what runs in the sandbox).
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
-"""``check_run_pipeline`` and what runs on the workers for it: the model of layers of different kinds, the stage
-that records its forward and backward passes, the one-process oracle, and the judgement of one rank's result.
+"""``check_run_pipeline`` and what runs on the workers for it: the model of layers of different kinds (``drivers``,
+with the stage that records its passes, which runs in the grading sandbox with the student's function), the
+one-process oracle, and the judgement of one rank's result in the host: loss and gradients against the oracle, and
+the messages the host carried (``CommCounter``).
 """
 
 from __future__ import annotations
@@ -10,77 +12,23 @@ import random
 import torch
 import torch.nn as nn
 
-from .._common import draw_seed, run_on_workers, short, tolerance
+from .._common import draw_seed, in_sandbox, run_on_workers, short, tolerance
+from .drivers import D, drive_pipeline, layer, loss_fn
 from .reference import reference_1f1b, reference_gpipe, reference_partition
 from .schedules import _fmt
+
+#: Bytes a stage may send a neighbour per micro-batch beyond the activation or gradient itself (a shape, a flag).
+METADATA = 64
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # run_pipeline on workers
 
-D = 6  # width of every layer: stage inputs and outputs all have the micro-batch's shape (rows, D)
-
-
-class _Residual(nn.Module):
-    def __init__(self, d: int):
-        super().__init__()
-        self.lin = nn.Linear(d, d)
-
-    def forward(self, x):
-        return x + torch.tanh(self.lin(x))
-
-
-def _layer(kind: int, d: int) -> nn.Module:
-    kind %= 4
-    if kind == 0:
-        return nn.Sequential(nn.Linear(d, d), nn.Tanh())
-    if kind == 1:
-        return _Residual(d)
-    if kind == 2:
-        return nn.Sequential(nn.LayerNorm(d), nn.Linear(d, d, bias=False), nn.GELU())
-    return nn.Sequential(nn.Linear(d, 2 * d), nn.SiLU(), nn.Linear(2 * d, d))
-
 
 def _model(num_layers: int, seed: int) -> nn.Sequential:
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        return nn.Sequential(*[_layer(seed + i, D) for i in range(num_layers)])
-
-
-def _loss_fn(out, target):
-    return ((out - target) ** 2).mean()
-
-
-class _Mark(torch.autograd.Function):
-    """Identity that tells the recorder when the backward of forward number ``index`` reaches this stage."""
-
-    @staticmethod
-    def forward(ctx, x, recorder, index):
-        ctx.recorder, ctx.index = recorder, index
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        ctx.recorder.events.append(("B", ctx.index))
-        return grad, None, None
-
-
-class RecordingStage(nn.Module):
-    """The stage a probe hands to ``run_pipeline``: runs ``inner`` and records ``("F", k)`` for the k-th forward
-    call and ``("B", k)`` when that forward's backward starts on this stage."""
-
-    def __init__(self, inner: nn.Module):
-        super().__init__()
-        self.inner = inner
-        self.events = []
-        self._forwards = 0
-
-    def forward(self, x):
-        k = self._forwards
-        self._forwards += 1
-        self.events.append(("F", k))
-        out = self.inner(x)
-        return _Mark.apply(out, self, k) if out.requires_grad else out
+        return nn.Sequential(*[layer(seed + i, D) for i in range(num_layers)])
 
 
 def _agree(failure) -> bool:
@@ -98,43 +46,59 @@ def _pipeline_case(run_pipeline, num_layers: int, m: int, kind: str, rows: int, 
     from labsupport import CommCounter
 
     rank, p = dist.get_rank(), dist.get_world_size()
-    label = f"run_pipeline ({kind}, {p} stages, {num_layers} layers, m={m} micro-batch{'es' if m != 1 else ''} of {rows} rows)"
+    label = (f"run_pipeline ({kind}, {p} stages, {num_layers} layers, m={m} micro-batch{'es' if m != 1 else ''} of "
+             f"{rows} rows)")
     ranges = reference_partition(num_layers, p)
     model = _model(num_layers, seed)
-    stage = RecordingStage(nn.Sequential(*[model[i] for i in ranges[rank]]))
+    mine = [(i, name, param) for i in ranges[rank] for name, param in model[i].named_parameters()]
     schedule = (reference_gpipe if kind == "GPipe" else reference_1f1b)(p, m)
     gen = torch.Generator().manual_seed(seed + 1)
     xs = [torch.randn(rows, D, generator=gen) for _ in range(m)]
     ys = [torch.randn(rows, D, generator=gen) for _ in range(m)]
     xs_kept, ys_kept = [x.clone() for x in xs], [y.clone() for y in ys]
+    # only this stage's layers go to the sandbox: the rest of the model reaches it through messages or not at all
+    kinds, params = [seed + i for i in ranges[rank]], [param.detach().clone() for _, _, param in mine]
 
-    oracle = _model(num_layers, seed)
-    oracle_loss = sum(_loss_fn(oracle(x), y) for x, y in zip(xs, ys)) / m
+    oracle_loss = sum(loss_fn(model(x), y) for x, y in zip(xs, ys)) / m
     oracle_loss.backward()
-    oracle_params = [dict(oracle[i].named_parameters()) for i in ranges[rank]]
 
+    from labsupport import _sandbox
+
+    before = len(_sandbox.record())
     with CommCounter() as cc:
         try:
-            loss = run_pipeline(stage, schedule, xs, ys, _loss_fn)
+            got = run_pipeline(kinds, params, schedule, xs, ys)
         except (NotImplementedError, AssertionError):
             raise
         except Exception as exc:
             # raise at once (no agreement round): a neighbour may wait for a message this rank will never send,
             # and the launcher stops the other ranks when one fails
             text = " ".join(str(exc).split())
-            hint = ""
+            hint, cut = "", 200
             if "NoneType" in str(exc):
                 hint = (" A tensor was None: if it is the received activation's .grad, make the received tensor a "
                         "leaf of this stage's graph (x.requires_grad_()) before running the stage.")
-            raise AssertionError(f"{label}: rank {rank} raised {type(exc).__name__}: {text[:200]}{hint}") from None
-    return _judge(rank, p, m, label, stage, schedule, loss, oracle_loss, oracle_params, ranges, cc,
-                  xs, xs_kept, ys, ys_kept)
-
-
-def _judge(rank, p, m, label, stage, schedule, loss, oracle_loss, oracle_params, ranges, cc, xs, xs_kept, ys,
-           ys_kept):
+            elif "modified by an inplace operation" in str(exc):
+                hint, cut = (" Receive each activation into a fresh tensor: a reused receive buffer is overwritten "
+                             "before backward needs it."), 110
+            raise AssertionError(f"{label}: rank {rank} raised {type(exc).__name__}: {text[:cut]}{hint}") from None
     if any(not torch.equal(a, b) for a, b in zip(xs + ys, xs_kept + ys_kept)):
         return f"{label}: rank {rank} changed the micro-batches or targets it was given; leave them untouched."
+    unwaited = [(kind, peer) for kind, peer, *_, waited, _, _ in _sandbox.record()[before:] if waited is None]
+    if unwaited:
+        kind, peer = unwaited[0]
+        return (f"{label}: rank {rank} never waited on its i{kind} {'to' if kind == 'send' else 'from'} rank {peer}: "
+                "a message sent with isend whose request was never waited on may never be delivered; keep each "
+                "request and wait() on it before returning.")
+    return (_result_problem(rank, p, m, label, got, oracle_loss, schedule)
+            or _grad_problem(rank, p, m, label, got, mine)
+            or _traffic_problem(rank, p, m, label, cc, rows * D * xs[0].element_size()))
+
+
+def _result_problem(rank, p, m, label, got, oracle_loss, schedule):
+    """The loss returned, and the order of forwards and backwards this stage recorded (the student's side reports
+    it: it diagnoses a schedule run in the wrong order, while the points rest on the values and the traffic)."""
+    loss = got["loss"]
     if rank == p - 1:
         if isinstance(loss, torch.Tensor):
             if loss.numel() != 1:
@@ -147,36 +111,46 @@ def _judge(rank, p, m, label, stage, schedule, loss, oracle_loss, oracle_params,
                     "over the micro-batches of loss_fn(output, target).")
     elif loss is not None:
         return f"{label}: rank {rank} returned {short(loss)}; every stage but the last returns None."
-    expected_events = []
     order = [mb for op, mb in schedule[rank] if op == "F"]
-    for op, mb in schedule[rank]:
-        expected_events.append((op, order.index(mb)))
-    if stage.events[: len(expected_events)] != expected_events or len(stage.events) != len(expected_events):
+    expected_events = [(op, order.index(mb)) for op, mb in schedule[rank]]
+    events = [tuple(e) for e in got["events"]]
+    if events != expected_events:
         to_mb = lambda ev: [f"{op}{order[k] if k < len(order) else k}" for op, k in ev]  # noqa: E731
-        return (f"{label}: stage {rank} ran {' '.join(to_mb(stage.events)[:24])}, but schedule[{rank}] is "
+        return (f"{label}: stage {rank} ran {' '.join(to_mb(events)[:24])}, but schedule[{rank}] is "
                 f"{_fmt(schedule[rank], 24)}: run exactly this stage's list, in order, one stage_module call per F "
                 "and one backward per B.")
-    for local, i in enumerate(ranges[rank]):
-        for name, ref in oracle_params[local].items():
-            got = dict(stage.inner[local].named_parameters())[name].grad
-            if got is None:
-                return (f"{label}: on stage {rank}, layer {i}'s {name} has no gradient. Every B must backpropagate "
-                        "through this stage's modules.")
-            if got.shape != ref.grad.shape or not torch.allclose(got, ref.grad, **tolerance(ref.grad.dtype)):
-                ratio = (got.flatten() @ ref.grad.flatten() / ref.grad.flatten().pow(2).sum().clamp_min(1e-30)).item()
-                hint = ""
-                if math.isclose(ratio, m, rel_tol=1e-3):
-                    hint = " It is m times too large: average the loss over the micro-batches (divide each by m)."
-                elif rank < p - 1:
-                    hint = (f" Check what stage {rank + 1} sends back (the received activation's .grad, made a leaf "
-                            "with requires_grad_()) and that each received activation is a fresh tensor (a reused "
-                            "receive buffer is overwritten before backward needs it).")
-                else:
-                    hint = (" Check that each received activation is a fresh tensor (a reused receive buffer is "
-                            "overwritten before backward needs it).")
-                message = f"{label}: on stage {rank}, layer {i}'s {name}.grad is not one-process training's.{hint}"
-                values = f" Got {short(got, 2)}, expected {short(ref.grad, 2)}."
-                return message + values if len(message + values) < 360 else message   # the hint first
+    return None
+
+
+def _grad_problem(rank, p, m, label, got, mine):
+    """Every parameter's gradient against one-process training's."""
+    grads = got["grads"]
+    for index, (i, name, ref) in enumerate(mine):
+        g = grads[index] if isinstance(grads, list) and index < len(grads) else None
+        if not isinstance(g, torch.Tensor):
+            return (f"{label}: on stage {rank}, layer {i}'s {name} has no gradient. Every B must backpropagate "
+                    "through this stage's modules.")
+        if g.shape != ref.grad.shape or not torch.allclose(g, ref.grad, **tolerance(ref.grad.dtype)):
+            ratio = (g.flatten() @ ref.grad.flatten() / ref.grad.flatten().pow(2).sum().clamp_min(1e-30)).item() \
+                if g.shape == ref.grad.shape else 0.0
+            if math.isclose(ratio, m, rel_tol=1e-3):
+                hint = " It is m times too large: average the loss over the micro-batches (divide each by m)."
+            elif rank < p - 1:
+                hint = (f" Check what stage {rank + 1} sends back (the received activation's .grad, made a leaf "
+                        "with requires_grad_()) and that each received activation is a fresh tensor (a reused "
+                        "receive buffer is overwritten before backward needs it).")
+            else:
+                hint = (" Check that each received activation is a fresh tensor (a reused receive buffer is "
+                        "overwritten before backward needs it).")
+            message = f"{label}: on stage {rank}, layer {i}'s {name}.grad is not one-process training's.{hint}"
+            values = f" Got {short(g, 2)}, expected {short(ref.grad, 2)}."
+            return message + values if len(message + values) < 360 else message   # the hint first
+    return None
+
+
+def _traffic_problem(rank, p, m, label, cc, act_bytes):
+    """From the host's record: point-to-point messages with the neighbouring stages only, and each micro-batch's
+    activation (to rank + 1) and gradient (to rank - 1) crossing as bytes, with no more than a little metadata."""
     other = sorted({c.kind for c in cc.calls} - {"send", "recv"})
     if other:
         return (f"{label}: rank {rank} called torch.distributed.{other[0]}: a pipeline passes activations and "
@@ -185,11 +159,23 @@ def _judge(rank, p, m, label, stage, schedule, loss, oracle_loss, oracle_params,
     if peers - {rank - 1, rank + 1}:
         return (f"{label}: rank {rank} exchanged messages with rank(s) {sorted(peers - {rank - 1, rank + 1})}; a "
                 "stage only talks to its neighbours (activations to rank + 1, gradients to rank - 1).")
+    for peer, what in ((rank + 1, "activation"), (rank - 1, "activation's gradient")):
+        if not 0 <= peer < p:
+            continue
+        sent = sum(c.nbytes for c in cc.calls if c.kind == "send" and c.peer == peer)
+        if not m * act_bytes <= sent <= m * (act_bytes + METADATA):
+            return (f"{label}: rank {rank} sent {sent} bytes to rank {peer}; each of the {m} micro-batches' "
+                    f"{what} ({act_bytes} bytes) must cross to stage {peer} as a message of its own tensor, once: "
+                    f"{m * act_bytes} bytes.")
     return None
 
 
 def _pipeline_probe(run_pipeline, cases):
     """All cases on this rank; every case ends with all ranks agreeing whether one failed."""
+    # what torch imports at a stage's first backward(grad) (sympy: a second of CPU), imported here so that a sandbox
+    # forked from this worker has it, and no rank is still importing while its neighbours wait for its messages
+    import torch.fx.experimental.symbolic_shapes  # noqa: F401
+
     for num_layers, m, kind, rows, seed in cases:
         failure = _pipeline_case(run_pipeline, num_layers, m, kind, rows, seed)
         if _agree(failure):
@@ -201,6 +187,8 @@ def check_run_pipeline(run_pipeline, world_sizes=(2, 3, 4), timeout=None) -> Non
     """Loss and every gradient equal to one-process training, on 2, 3 and 4 stages, GPipe and 1F1B, any (p, m)."""
     seed = draw_seed()
     rng = random.Random(seed)
+    run_pipeline = in_sandbox(run_pipeline, "run_pipeline(stage_module, schedule, microbatches, targets, loss_fn)",
+                              driver=drive_pipeline)
     for p in world_sizes:
         layers = [2 * p + 1, p + 2 if (p + 2) % 2 else p + 3]  # odd numbers of layers: unequal stages
         cases = []
