@@ -176,6 +176,12 @@ class Relay(dist.ProcessGroup):
             w.wait()
         return works[-1]
 
+    def all_gather_single(self, output, input, opts=None):  # torch 2.13's name (all_gather_into_tensor)
+        return self._allgather_base(output, input, opts)
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        return self.allgather_into_tensor_coalesced(outputs, inputs, opts)
+
     def gather(self, output_lists, inputs, opts=None):
         root = opts.rootRank if opts is not None else 0
         outs = output_lists[0] if output_lists else []
@@ -203,14 +209,25 @@ class Relay(dist.ProcessGroup):
             w.wait()
         return works[-1]
 
+    def reduce_scatter_single(self, output, input, opts=None):  # torch 2.13's name (reduce_scatter_tensor)
+        return self._reduce_scatter_base(output, input, opts)
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        return self.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
+
     def alltoall(self, outputs, inputs, opts=None):
-        return self._async("all_to_all", ([raw(t) for t in inputs],), outputs)
+        return self._async("all_to_all", ([raw(t) for t in inputs], [t.numel() for t in outputs]), outputs)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         n = self._size
         ins = (input.split(list(input_split_sizes)) if input_split_sizes else input.chunk(n))
         outs = (output.split(list(output_split_sizes)) if output_split_sizes else output.chunk(n))
-        return self._async("all_to_all", ([raw(t) for t in ins],), list(outs))
+        return self._async("all_to_all", ([raw(t) for t in ins], [t.numel() for t in outs]), list(outs))
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        # torch 2.13's ProcessGroup.all_to_all_single: defined here, or the tap's wrapper of the base class's method
+        # is taken for an override and calls itself
+        return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
 
     def barrier(self, opts=None):
         return self._async("barrier", ())

@@ -559,20 +559,21 @@ class _Host:
             return dist.scatter(out, src, ranks[root], group=group, async_op=True), [out], ranks[root]
         if kind == "reduce_scatter":
             chunks = [unraw(x) for x in args[0]]
-            flat = torch.cat([c.reshape(-1) for c in chunks])
+            if len({(c.shape, c.dtype) for c in chunks}) == 1:  # gloo's own reduce-scatter: what a counter expects
+                out = torch.empty_like(chunks[me])
+                return dist.reduce_scatter(out, chunks, ops[args[1]], group=group, async_op=True), [out], None
+            flat = torch.cat([c.reshape(-1) for c in chunks])  # uneven chunks: through an all-reduce
             dist_work = dist.all_reduce(flat, ops[args[1]], group=group, async_op=True)
             mine = chunks[me]
             start = sum(c.numel() for c in chunks[:me])
             return _Then(dist_work, lambda: flat[start:start + mine.numel()].reshape(mine.shape)), [mine], None
         if kind == "all_to_all":
-            ins = [unraw(x) for x in args[0]]
+            ins, expected = [unraw(x) for x in args[0]], list(args[1])  # what this rank sends, what it expects
             flat_in = torch.cat([t.reshape(-1) for t in ins])
-            sizes = torch.tensor([t.numel() for t in ins])
-            got = torch.empty_like(sizes)
-            dist.all_to_all_single(got, sizes, group=group)
-            out = torch.empty(int(got.sum()), dtype=flat_in.dtype)
-            work = dist.all_to_all_single(out, flat_in, got.tolist(), sizes.tolist(), group=group, async_op=True)
-            return work, list(out.split(got.tolist())), None
+            sizes = [t.numel() for t in ins]
+            out = torch.empty(sum(expected), dtype=flat_in.dtype)
+            work = dist.all_to_all_single(out, flat_in, expected, sizes, group=group, async_op=True)
+            return work, list(out.split(expected)), None
         if kind == "barrier":
             return dist.barrier(group=group, async_op=True), None, None
         raise RuntimeError(f"torch.distributed call {kind} is not available in grading")

@@ -389,3 +389,27 @@ def test_a_driver_exercises_a_students_class_in_the_sandbox():
     for seen, kinds in labsupport.run(host, fn, world_size=2):
         assert [t.tolist() for t in seen] == [[1.0] * 3, [4.0] * 3, [9.0] * 3]
         assert kinds == ["all_reduce"] * 3
+
+
+def tensor_forms(tensor):
+    n = dist.get_world_size()
+    gathered = torch.empty(tensor.numel() * n)
+    dist.all_gather_into_tensor(gathered, tensor)
+    summed = torch.empty(tensor.numel() // n)
+    dist.reduce_scatter_tensor(summed, tensor)
+    swapped = torch.empty_like(tensor)
+    dist.all_to_all_single(swapped, tensor)
+    return gathered, summed, swapped
+
+
+def test_the_single_tensor_collectives_go_through_the_host():
+    """all_gather_into_tensor, reduce_scatter_tensor and all_to_all_single (each a method of its own in torch 2.13's
+    ProcessGroup) reach the host like every other call."""
+    ranks = run(tensor_forms, n=2, allow=None)
+    x = [torch.arange(6, dtype=torch.float32) + r for r in range(2)]
+    for r, got in enumerate(ranks):
+        gathered, summed, swapped = got["out"]
+        torch.testing.assert_close(gathered, torch.cat(x))
+        torch.testing.assert_close(summed, (x[0] + x[1]).chunk(2)[r])
+        torch.testing.assert_close(swapped, torch.cat([x[0].chunk(2)[r], x[1].chunk(2)[r]]))
+        assert sorted(kind for kind, _, _ in got["calls"]) == ["all_gather", "all_to_all_single", "reduce_scatter"]
