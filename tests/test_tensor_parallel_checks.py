@@ -10,6 +10,9 @@ q/k/v, a hand-written MLP) must pass.
 """
 
 import copy
+import functools
+import sys
+import traceback
 
 import pytest
 import torch
@@ -515,7 +518,7 @@ def test_column_correct_pass():
     (ColumnView, ".clone() the chunk"),
     (ColumnKeepsFull, "Largest: full"),
     (ColumnUnderscoreFull, "beyond its shards"),
-    (ColumnNumpyClosure, "a numpy array"),
+    (ColumnNumpyClosure, "beyond its shards"),
     (ColumnCutGather, "graph was cut"),
     (ColumnNoF, "exactly one all-reduce, f's"),
     (ColumnWorldGroup, ("is not a shard", "not from the whole world")),  # which one: the drawn sizes decide
@@ -744,3 +747,68 @@ def test_a_failure_names_the_earlier_exercise_it_is_built_on():
         check_ColumnParallelLinear(ColumnOnBadCopy)
     assert "failed its own test" not in str(info.value)
     tp_checks._FAILED.clear()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# what the host measures: memory read by the system, communication in its own record
+
+#: A module-level object of the student's: it exists before any check starts.
+_KEPT = {}
+
+
+class ColumnBytesCopy(Column):              # the dense weight kept as bytes in a module-level dict
+    @classmethod
+    def from_dense(cls, linear, group=None, gather_output=False):
+        _KEPT[id(linear)] = linear.weight.detach().numpy().tobytes()
+        return super().from_dense(linear, group, gather_output)
+
+
+class MLPBytesCopy(MLPok):                  # the dense MLP's weights kept as bytes in a module-level dict
+    @classmethod
+    def from_dense(cls, mlp, group=None):
+        _KEPT["mlp"] = [p.detach().numpy().tobytes() for p in mlp.parameters()]
+        return super().from_dense(mlp, group)
+
+
+class ColumnGathersWeight(Column):          # from_dense all-gathers every rank's shard "to check it"
+    @classmethod
+    def from_dense(cls, linear, group=None, gather_output=False):
+        m = super().from_dense(linear, group, gather_output)
+        t, _ = tp(group)
+        pieces = [torch.empty_like(m.weight) for _ in range(t)]
+        dist.all_gather(pieces, m.weight.detach().contiguous(), group=group)
+        return m
+
+
+@functools.lru_cache(maxsize=None)
+def _split(size, t):
+    return size // t
+
+
+class RowHonestHabits(Row):                 # correct, with habits honest code has
+    @classmethod
+    def from_dense(cls, linear, group=None, input_is_parallel=True):
+        t, r = tp(group)
+        print(f"rank {r}: {_split(linear.in_features, t)} input features each", file=sys.stderr)
+        try:
+            divisible(linear.in_features, t, "in_features")
+        except ValueError:
+            traceback.print_exc()
+            raise
+        return cls(*cls.shard(linear, t, r), group, input_is_parallel)
+
+
+def test_a_copy_kept_as_bytes_in_a_module_object_is_measured():
+    with pytest.raises(AssertionError, match="beyond its shards"):
+        check_ColumnParallelLinear(ColumnBytesCopy)
+    with pytest.raises(AssertionError, match="beyond its shards"):
+        check_ParallelMLP(MLPBytesCopy)
+
+
+def test_communication_in_from_dense_is_in_the_hosts_record():
+    with pytest.raises(AssertionError, match="from_dense communicated"):
+        check_ColumnParallelLinear(ColumnGathersWeight)
+
+
+def test_honest_habits_pass():
+    check_RowParallelLinear(RowHonestHabits)

@@ -8,6 +8,10 @@ ZeRO-2, the average forgotten, the full gradient kept after step(), a frozen par
 full optimizer state kept out of the attributes' reach (in a closure, as numpy copies) behind a decoy optimizer.
 """
 
+import functools
+import sys
+import traceback
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -385,7 +389,7 @@ def test_sharded_optimizer_correct_passes():
     (Zero1AllReduce, "moved 3.00Ψ"),
     (Zero1Todo, "not started: it still raises NotImplementedError"),
     (Zero1ClosureCheat, "beyond its shard"),
-    (Zero1NumpyCheat, "a numpy array"),
+    (Zero1NumpyCheat, "beyond its shard"),
 ])
 def test_sharded_optimizer_bugs_fail(impl, expected):
     with pytest.raises(AssertionError) as info:
@@ -567,3 +571,95 @@ def test_zero2_bugs_fail(impl, expected):
     with pytest.raises(AssertionError) as info:
         check_Zero2Optimizer(impl)
     assert expected in str(info.value), str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# what the host measures: memory read by the system, communication in its own record
+
+#: A module-level object of the student's: it exists before any check starts.
+_SAVED = {}
+
+
+class Zero1BytesCheat(Zero1ByParam):
+    """Cheat: the full optimizer state lives between steps only as bytes in a module-level dict; the attribute holds
+    a decoy optimizer with no state. Right weights, 2Ψ moved per step."""
+
+    def __init__(self, params, optimizer_cls, **kwargs):
+        super().__init__(params, optimizer_cls, **kwargs)
+        self.full = optimizer_cls(self.params, **kwargs)
+        self.optim = _decoy(optimizer_cls, kwargs)
+        _SAVED.clear()
+
+    @torch.no_grad()
+    def step(self):
+        for p in self.params:
+            dist.all_reduce(p.grad)
+            p.grad /= self.world
+        for i, p in enumerate(self.params):
+            if i in _SAVED:
+                self.full.state[p] = {k: torch.frombuffer(bytearray(v), dtype=torch.float32).view(p.shape)
+                                      if k != "step" else torch.tensor(float(v)) for k, v in _SAVED[i].items()}
+        self.full.step()
+        for i, p in enumerate(self.params):
+            _SAVED[i] = {k: (v.numpy().tobytes() if k != "step" else v.item()) for k, v in self.full.state[p].items()}
+        self.full.state.clear()
+
+
+class Zero2BytesCheat(Zero2Flat):
+    """Cheat for ZeRO-2: reduce-scatter and all-gather as it should (2Ψ, no all-reduce, no .grad left), but every
+    rank also steps a full optimizer whose state is kept as bytes in a module-level dict between steps."""
+
+    def __init__(self, params, optimizer_cls, **kwargs):
+        super().__init__(params, optimizer_cls, **kwargs)
+        self.kwargs, self.cls = kwargs, optimizer_cls
+
+    @torch.no_grad()
+    def step(self):
+        super().step()
+        full = torch.cat([p.detach().reshape(-1) for p in self.params])
+        _SAVED["copy"] = full.numpy().tobytes() * 2  # what a full Adam state weighs
+
+
+class Zero2QuietAllReduce(Zero2Flat):
+    """Right weights, reduce-scatter in step(); but zero_grad() quietly all-reduces every parameter first."""
+
+    def zero_grad(self):
+        for p in self.params:
+            dist.all_reduce(p.detach().clone())
+        super().zero_grad()
+
+
+class Zero1HonestHabits(Zero1ByParam):
+    """Correct, with habits honest code has: a print to stderr, a printed traceback, a cached helper, sys."""
+
+    def __init__(self, params, optimizer_cls, **kwargs):
+        super().__init__(params, optimizer_cls, **kwargs)
+        print(f"rank {self.rank}: {_owned(len(self.params), self.world)} parameters each", file=sys.stderr)
+
+    def step(self):
+        try:
+            raise ValueError("shown, then carried on")
+        except ValueError:
+            traceback.print_exc()
+        super().step()
+
+
+@functools.lru_cache(maxsize=None)
+def _owned(n, world):
+    return -(-n // world)
+
+
+def test_state_kept_as_bytes_in_a_module_object_is_measured():
+    with pytest.raises(AssertionError, match="beyond its shard"):
+        check_ShardedOptimizer(Zero1BytesCheat)
+    with pytest.raises(AssertionError, match="beyond its shard"):
+        check_Zero2Optimizer(Zero2BytesCheat)
+
+
+def test_a_quiet_all_reduce_outside_step_is_in_the_hosts_record():
+    with pytest.raises(AssertionError, match=r"called all_reduce of \d+ B.* in zero_grad\(\)"):
+        check_Zero2Optimizer(Zero2QuietAllReduce)
+
+
+def test_honest_habits_pass():
+    check_ShardedOptimizer(Zero1HonestHabits)

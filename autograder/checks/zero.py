@@ -3,29 +3,32 @@
 The calculator is compared with the formulas on sizes, degrees, stages and K drawn at grading time, and with the
 paper's own numbers (Table 1 and the Figure 1 example of arXiv 1910.02054).
 
-The optimizers are trained on real workers (2, 3 and 4 ranks) on ``ZeroProbeNet``: parameters of uneven sizes, one
-of them odd-sized, and a frozen layer. Every rank runs a plain backward on its own slice of each batch; the oracle
-is the unsharded optimizer trained in one process on the whole batch (recomputed inside every worker). For AdamW
-(learning rate, weight decay, betas drawn; an eps large enough that rounding cannot swing a step) and SGD with
-momentum (a missing average is nearly invisible to Adam, which is almost scale-invariant, but not to SGD),
-10 steps each:
+The optimizers run in the grading sandbox (``in_sandbox`` with the drivers of ``zero_drivers``); the host of each
+rank judges them from its own oracle, its own record of the communication and the sandbox's memory read from
+``/proc``. On 2, 3 and 4 ranks, on ``ZeroProbeNet`` (parameters of uneven sizes, one of them odd-sized, and a
+frozen layer), every rank runs a plain backward on its own slice of each batch; the oracle is the unsharded
+optimizer trained in the host on the whole batch. For AdamW (learning rate, weight decay, betas drawn; an eps large
+enough that rounding cannot swing a step) and SGD with momentum (a missing average is nearly invisible to Adam,
+which is almost scale-invariant, but not to SGD), 10 steps each:
 
 * after every ``step()``, every rank's weights equal the oracle's (fp32, tight tolerance);
-* the optimizer state each rank holds (the ``state`` of every torch optimizer reachable from the student's object)
-  is about 1/N of the oracle's: at most Ψ/N plus the largest parameter per state tensor kind, and the ranks
-  together hold no more than one copy (plus padding);
-* what a rank keeps alive after the first ``step()`` is measured, not walked: a census of every tensor storage and
-  Python buffer in the worker (``autograder.checks._memory``), taken before the constructor and after the step,
-  less the model, its gradients and the check's own tensors, must be that rank's shard: the state, parameters and
-  gradients of the optimizers in the student's object (each about 1/N of the model), plus 512 B. State kept in a
-  closure, a global, numpy copies, behind a decoy optimizer, is counted wherever it is;
 * one ``step()`` moves at most 2Ψ per rank (the paper's accounting, ``labsupport.lessons.zero.traffic_bytes``,
-  plus padding), as data parallelism does;
-* ZeRO-2: no all-reduce of gradients; after ``step()`` no model parameter has a ``.grad`` and the gradients the
-  rank still holds cover about 1/N of the elements.
+  plus padding), as data parallelism does, in the host's record; ``zero_grad()`` moves nothing, the constructor at
+  most 2Ψ;
+* ZeRO-2: no all-reduce of gradients;
+* what the student's object shows (the ``state`` of every torch optimizer reachable from it, the ``.grad`` left on
+  the model) is read in the sandbox for messages about honest mistakes (about 1/N of the state per rank, the
+  shares balanced, no full gradient kept in ZeRO-2): it can only take points away.
 
-Probes keep the ranks in step: after each step every rank reports whether it found a problem (a small all-reduce
-outside the counted region) and all stop together.
+Then on 4 ranks, a model of 4 M parameters (``zero_drivers.BigNet``), AdamW, 2 steps: the sandbox's resident size,
+read from ``/proc`` before the constructor and after each step (the driver frees its garbage and trims the heap
+first), may grow by what the object's optimizers hold (their state, the shard they update and its gradient), at most
+a 1/N share of each (less the model's gradients in ZeRO-2, which frees them), plus ``MEMORY_SLACK``; the weights
+sampled at drawn positions equal the oracle's. A full copy of the optimizer state kept anywhere else (a global, a
+closure, bytes, numpy) is in the process, so it is counted.
+
+Probes keep the ranks in step: after each step every rank reports whether it found a problem (a small all-reduce in
+the host) and all stop together.
 """
 
 from __future__ import annotations
@@ -34,25 +37,26 @@ import math
 import random
 
 import torch
-import torch.nn as nn
 
-from ._common import PROBE_TIMEOUT, call_student, draw_seed, run_on_workers, short, tolerance
+from . import zero_drivers as _drivers
+from ._common import PROBE_TIMEOUT, agree as _agree, draw_seed, in_sandbox, run_on_workers, short, tolerance
 from ._common import stop_if_any as _stop_if_any
-from ._memory import MemoryWatch, fmt_bytes
+from ._host import Recorder, fmt_bytes
+from .zero_drivers import ZeroProbeNet
 
 __all__ = ["check_model_state_bytes", "check_ShardedOptimizer", "check_Zero2Optimizer", "ZeroProbeNet",
            "reference_model_state_bytes"]
 
 STEPS = 10
-ROWS = 12  # divisible by 2, 3 and 4
-D_IN, D_OUT = 10, 3
 WORLD_SIZES = (2, 3, 4)
+#: The memory scenario: on this many ranks (where a 1/N share, even claimed in full, stays far below a full copy of
+#: the state), this many steps; what a rank may keep beyond its optimizers' share, as a fraction of the model's bytes
+#: (what a process's own allocations move, after the heap is trimmed, is far below it).
+MEMORY_WORLD, MEMORY_STEPS, MEMORY_SLACK = 4, 2, 0.25
 #: Seconds per probe. Generous: the first torch optimizer a fresh worker builds imports torch._dynamo (about 800
 #: modules, 5 s of CPU on an idle core, far more on a loaded machine); a deadlock is still stopped well inside the
 #: grader's cell time-out, since the first world size that fails ends the check.
 PROBE_TIMEOUT_ZERO = max(PROBE_TIMEOUT, 100.0)
-#: Bytes a rank may keep beyond the model, its gradients and its shard (a few scalars of bookkeeping).
-CENSUS_SLACK = 512
 
 
 def reference_model_state_bytes(num_params, dp_degree, stage, k=12):
@@ -127,41 +131,16 @@ def check_model_state_bytes(model_state_bytes):
 # the optimizers
 
 
-class ZeroProbeNet(nn.Module):
-    """Parameters of uneven sizes (an odd-sized gain vector among them) and a frozen layer. Trainable elements:
-    10*20+20 + 20*14+14 + 14*24+24 + 24*3+3 + 7 (gain, used on a slice) = 956; frozen: 14*14+14."""
-
-    def __init__(self):
-        super().__init__()
-        self.inp = nn.Linear(D_IN, 20)
-        self.mid = nn.Linear(20, 14)
-        self.frozen = nn.Linear(14, 14)
-        self.frozen.requires_grad_(False)
-        self.wide = nn.Linear(14, 24)
-        self.gain = nn.Parameter(1.0 + 0.1 * torch.randn(7))
-        self.out = nn.Linear(24, D_OUT)
-
-    def forward(self, x):
-        h = torch.tanh(self.inp(x))
-        h = torch.tanh(self.frozen(torch.tanh(self.mid(h))))
-        h = torch.tanh(self.wide(h))
-        h = torch.cat([h[:, :7] * self.gain, h[:, 7:]], dim=1)
-        return self.out(h)
+def _make_model(seed: int, big: bool = False):
+    return _drivers.make_model(seed, big)
 
 
-def _make_model(seed: int) -> ZeroProbeNet:
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        return ZeroProbeNet()
-
-
-def _data(seed: int):
-    gen = torch.Generator().manual_seed(seed + 11)
-    return torch.randn(STEPS, ROWS, D_IN, generator=gen), torch.randn(STEPS, ROWS, D_OUT, generator=gen)
+def _data(seed: int, steps: int = STEPS, big: bool = False):
+    return _drivers.data(seed, steps, big)
 
 
 def _loss(model, x, y):
-    return ((model(x) - y) ** 2).mean()
+    return _drivers.loss(model, x, y)
 
 
 def _configs(seed: int):
@@ -181,24 +160,34 @@ def _state_elements(opts) -> int:
                if isinstance(v, torch.Tensor) and v.dim() > 0)
 
 
-def _step_failure(setup, step, rank, world, model, oracle, names, left, calls, psi, largest, pad, opt, zero2,
-                  volumes):
-    """What is wrong after one step on this rank (None if nothing): zero_grad, weights, communication, gradients."""
-    from labsupport.lessons.zero import find_optimizers, traffic_bytes
+def _raised(cls_name, error, zero2, psi, world):
+    where, kind, message = error
+    text = f"{cls_name}{where} raised {kind}: {message}" if where else message
+    if zero2 and psi % world and ("size" in message or "shape" in message or "deadlocked" in message):
+        text = (f"Ψ = {psi} elements on {world} ranks do not split evenly: S = ceil(Ψ/N), and the flat buffer "
+                f"padded with zeros to N·S elements, so that every chunk has S elements. {text}")
+    return AssertionError(text)
 
-    if left:
+
+def _step_failure(setup, step, rank, world, weights, oracle, names, record, calls, psi, largest, pad, zero2, elt,
+                  volumes):
+    """What is wrong after one step on this rank (None if nothing): zero_grad, weights, communication, gradients.
+    ``record``: the driver's report of the step; ``calls``: the host's record of the step's communication."""
+    from labsupport.lessons.zero import traffic_bytes
+
+    if record["left"]:
         return (f"{setup}: after zero_grad() at step {step}, rank {rank} still had a non-zero gradient in "
-                f"'{left[0]}': zero_grad() must clear (or set to None) every parameter's .grad.")
-    for (name, p), q in zip(model.named_parameters(), oracle.parameters()):
-        if not (p.shape == q.shape and torch.allclose(p.detach(), q.detach(), **tolerance(q.dtype))):
+                f"'{record['left'][0]}': zero_grad() must clear (or set to None) every parameter's .grad.")
+    for (name, q), p in zip(oracle.named_parameters(), weights):
+        if not (isinstance(p, torch.Tensor) and p.shape == q.shape
+                and torch.allclose(p, q.detach(), **tolerance(q.dtype))):
             hint = ("it is frozen (requires_grad=False): leave it out of the shards, so that it is never updated"
-                    if not p.requires_grad else
+                    if not q.requires_grad else
                     "if this rank does not own it, step() must bring it the owner's updated values (broadcast from "
                     "the owner, or all-gather the shards), and the owner must be the same on every rank; gradients "
                     "must be averaged (sum / N) before the update")
             return (f"{setup}: after step {step}, rank {rank}'s '{name}' differs from the unsharded optimizer's: "
                     f"got {short(p)}, expected {short(q)}; {hint}.")
-    elt = next(p for p in model.parameters() if p.requires_grad).element_size()
     volume = traffic_bytes(calls, world)
     volumes.append(volume)
     reduced = sum(c.nbytes for c in calls if c.kind == "all_reduce")
@@ -213,50 +202,28 @@ def _step_failure(setup, step, rank, world, model, oracle, names, left, calls, p
                 "should cost what data parallelism costs, 2Ψ: send each gradient only to its owner (dist.reduce, or "
                 "reduce-scatter), then send each updated shard once (broadcast from its owner, or all-gather).")
     if zero2:
-        held = [names[id(p)] for p in model.parameters() if p.grad is not None]
-        if held:
-            return (f"{setup}: after step {step}, rank {rank} still holds the gradient of '{held[0]}' (p.grad): "
-                    "ZeRO-2 keeps only its shard of the averaged gradient; free the others (p.grad = None) once "
-                    "they are copied into the flat buffer.")
-        own = {id(t.grad): t.grad.numel() for o in find_optimizers(opt) for g in o.param_groups
-               for t in g["params"] if t.grad is not None}
-        if sum(own.values()) > psi / world + largest + pad:
-            return (f"{setup}: after step {step}, rank {rank}'s optimizer still holds gradients of "
-                    f"{sum(own.values())} elements, out of Ψ = {psi}: keep only this rank's shard (about Ψ/N = "
-                    f"{math.ceil(psi / world)}).")
+        if record["held"]:
+            return (f"{setup}: after step {step}, rank {rank} still holds the gradient of '{record['held'][0]}' "
+                    "(p.grad): ZeRO-2 keeps only its shard of the averaged gradient; free the others (p.grad = None) "
+                    "once they are copied into the flat buffer.")
+        held = record["facts"]["grad_elements"]
+        if held > psi / world + largest + pad:
+            return (f"{setup}: after step {step}, rank {rank}'s optimizer still holds gradients of {held} elements, "
+                    f"out of Ψ = {psi}: keep only this rank's shard (about Ψ/N = {math.ceil(psi / world)}).")
     return None
 
 
-def _model_tensors(model):
-    """A model's parameters and their gradients: what the check itself holds (and ZeRO-1 keeps the gradients)."""
-    return [t for p in model.parameters() for t in (p, p.grad) if t is not None]
-
-
-def _kept_storage_elements(opts) -> int:
-    """Elements of the distinct storages behind the tensors the optimizers update: a slice of a bigger tensor keeps
-    all of it alive."""
-    storages = {}
-    for o in opts:
-        for group in o.param_groups:
-            for t in group["params"]:
-                storage = t.untyped_storage()
-                storages[storage.data_ptr()] = storage.nbytes() // max(t.element_size(), 1)
-    return sum(storages.values())
-
-
-def _state_failure(setup, rank, world, opt, oracle_opt, psi, largest, pad, zero2=False):
-    """What is wrong with the optimizer state this rank holds (None if nothing). Collective: every rank calls it."""
+def _state_failure(setup, rank, world, facts, oracle_opt, psi, largest, pad, zero2=False):
+    """What is wrong with the optimizer state this rank's object shows (None if nothing): read from the driver's
+    report, so it can only take points away. Collective: every rank calls it."""
     import torch.distributed as dist
 
-    from labsupport.lessons.zero import find_optimizers
-
-    opts = find_optimizers(opt)
-    mine = _state_elements(opts)
+    mine = facts["state_elements"]
     kinds = _state_elements([oracle_opt]) // psi
     bound = kinds * (psi / world + largest + world)
     total = torch.tensor([mine])
     dist.all_reduce(total)
-    if not opts:
+    if not facts["optimizers"]:
         return (f"{setup}: no torch.optim optimizer found in your object: build optimizer_cls over this rank's shard "
                 "and keep it as an attribute (e.g. self.optim).")
     if mine > bound and total.item() <= kinds * (psi + pad):
@@ -271,7 +238,7 @@ def _state_failure(setup, rank, world, opt, oracle_opt, psi, largest, pad, zero2
     if total.item() > kinds * (psi + pad):
         return (f"{setup}: the ranks together hold optimizer state for {total.item()} elements, more than one copy "
                 f"({kinds * psi}): the shards must not overlap.")
-    kept = _kept_storage_elements(opts)
+    kept = facts["storage_elements"]
     if zero2 and kept > psi / world + largest + pad:
         return (f"{setup}: rank {rank}'s optimizer updates tensors whose storage holds {kept} elements, about the "
                 f"whole model (Ψ = {psi}), not a 1/{world} shard: a slice of the flat buffer keeps all of it alive. "
@@ -279,110 +246,162 @@ def _state_failure(setup, rank, world, opt, oracle_opt, psi, largest, pad, zero2
     return None
 
 
-def _census_failure(setup, rank, world, watch, opt, known, psi, largest, pad, kinds, elt):
-    """What this rank keeps alive after step() beyond the model, its gradients and the check's own tensors, from a
-    census of the whole worker process (``_memory``), not from the student's attributes. Only the optimizer state,
-    parameters and gradients of the optimizers found in the student's object count as its shard, each up to about
-    1/N of the model. Collective: every rank calls it."""
-    import torch.distributed as dist
+def _phase(phases, i) -> list:
+    return phases[i] if i < len(phases) else []
 
-    from labsupport.lessons.zero import find_optimizers
 
-    kept = watch.kept(known)
-    watch.close()
-    measured = kept.total
-    share = (psi / world + largest + pad) * elt
-    opts = find_optimizers(opt)
-    state = [v for o in opts for s in o.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-    params = [p for o in opts for g in o.param_groups for p in g["params"] if isinstance(p, torch.Tensor)]
-    kept.explain(state, kinds * share + 8 * len(state))  # 8 B: a step counter per parameter
-    kept.explain(params, share)
-    kept.explain([p.grad for p in params if p.grad is not None], share)
-    beyond = kept.total
-    together = torch.tensor([float(measured)], dtype=torch.float64)
-    dist.all_reduce(together)
-    one_copy = (kinds + 2) * (psi + pad) * elt + world * CENSUS_SLACK
-    watch.measured = (measured, beyond)  # for the report of a run (bytes kept beyond the model, beyond the shard)
-    if beyond > CENSUS_SLACK:
-        return (f"{setup}: rank {rank} keeps {fmt_bytes(beyond)} of tensors alive after step() beyond its shard "
-                f"({fmt_bytes(CENSUS_SLACK)} allowed): the full optimizer state (or another full-size copy of the "
-                "model's data) is still held somewhere (a closure, a list, a global, an attribute) — keep only this "
-                f"rank's shard, in the optimizer you build over it. Largest: {kept.largest()}.")
-    if together.item() > one_copy:
-        return (f"{setup}: the {world} ranks together keep {fmt_bytes(together.item())} of tensors alive after step() "
-                f"beyond the model and its gradients, more than one sharded copy of the optimizer state, parameters "
-                f"and gradients ({fmt_bytes(one_copy)}): a full copy is held on every rank — keep only this rank's "
-                "shard.")
+def _quiet_failure(setup, rank, world, phases, psi, elt, pad):
+    """Communication outside step(): none in zero_grad() (nor in the backward the check runs), and at most a
+    step's worth (2Ψ) in the constructor (a broadcast of the initial parameters, say)."""
+    from labsupport.lessons.zero import traffic_bytes
+
+    built = traffic_bytes(phases[0], world)
+    if built > 2 * psi * elt + 2 * pad * elt + 64:
+        return (f"{setup}: the constructor on rank {rank} moved {built / (psi * elt):.2f}Ψ "
+                f"({', '.join(sorted({c.kind for c in phases[0]}))}): building the shards needs no communication "
+                "(every rank has the same parameters), a broadcast of them at most.")
+    for step, calls in enumerate(phases[1::2]):
+        if calls:
+            return (f"{setup}: rank {rank} called {', '.join(f'{c.kind} of {c.nbytes} B' for c in calls[:3])} in "
+                    f"zero_grad() before step {step}: zero_grad() only clears gradients, and every byte a step "
+                    "moves belongs in step().")
     return None
 
 
-def _probe(cls, cls_name, zero2, seed):
-    import torch.distributed as dist
+def _readable(got, steps) -> bool:
+    """The driver's report has the shape the driver gives it (student code shares its process: it could break it)."""
+    return (type(got) is dict and type(got.get("steps")) is list and len(got["steps"]) <= steps
+            and all(type(s) is dict and type(s.get("facts")) is dict and type(s.get("weights")) is list
+                    for s in got["steps"]))
 
-    from labsupport import CommCounter
+
+_UNREADABLE = ("{}: what the scenario returned on rank {} is not what it returns (something in the sandbox changed "
+               "it); graded as a failure.")
+
+
+def _probe(fn, cls_name, zero2, seed):
+    """On the host of each rank: run the scenario of each optimizer in the sandbox (``zero_drivers.drive_training``)
+    and judge it against the unsharded optimizer trained here, with the host's own record of the calls."""
+    import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
     X, Y = _data(seed)
     report = []
     for opt_name, kwargs in _configs(seed):
         optimizer_cls = getattr(torch.optim, opt_name)
-        model, oracle = _make_model(seed), _make_model(seed)
-        names = {id(p): n for n, p in model.named_parameters()}
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        psi = sum(p.numel() for p in trainable)
-        largest = max(p.numel() for p in trainable)
+        oracle = _make_model(seed)
+        trainable = [p for p in oracle.parameters() if p.requires_grad]
+        psi, largest, elt = sum(p.numel() for p in trainable), max(p.numel() for p in trainable), 4
         pad = world * len(trainable)  # room for padding, up to one partial row per parameter
         oracle_opt = optimizer_cls(oracle.parameters(), **kwargs)
+        names = {i: n for i, (n, _) in enumerate(oracle.named_parameters())}
         setup = f"{cls_name}(model.parameters(), torch.optim.{opt_name}, **{kwargs}) on {world} ranks (seed {seed})"
-        opt = None
-        watch = MemoryWatch()  # the baseline: a few milliseconds of CPU in a worker
-        opt = call_student(f"{cls_name}(...) with torch.optim.{opt_name}", cls, model.parameters(), optimizer_cls,
-                       **kwargs)
-        volumes = []
-        for step in range(STEPS):
-            x, y = X[step].chunk(world)[rank], Y[step].chunk(world)[rank]
-            call_student(f"{cls_name}.zero_grad()", opt.zero_grad)
-            left = [names[id(p)] for p in model.parameters() if p.grad is not None and p.grad.abs().sum() > 0]
-            _loss(model, x, y).backward()
-            with CommCounter() as cc:
-                try:
-                    call_student(f"{cls_name}.step() (step {step})", opt.step)
-                except AssertionError as exc:
-                    if zero2 and "sizes" in str(exc) and psi % world:
-                        raise AssertionError(f"Ψ = {psi} elements on {world} ranks do not split evenly: S = "
-                                             "ceil(Ψ/N), and the flat buffer padded with zeros to N·S elements, so "
-                                             f"that every chunk has S elements. {exc}") from None
-                    raise
+        with Recorder() as rec:
+            got = fn(opt_name, kwargs, seed, STEPS)
+        if not _readable(got, STEPS):
+            raise AssertionError(_UNREADABLE.format(setup, rank))
+        phases, volumes = rec.phases(), []
+        failure = _quiet_failure(setup, rank, world, phases, psi, elt, pad)
+        for step, record in enumerate(got["steps"]):
             oracle_opt.zero_grad()
             _loss(oracle, X[step], Y[step]).backward()
             oracle_opt.step()
-            failure = _step_failure(setup, step, rank, world, model, oracle, names, left, cc.calls, psi, largest,
-                                    pad, opt, zero2, volumes)
+            failure = failure or _step_failure(setup, step, rank, world, record["weights"], oracle, names, record,
+                                               _phase(phases, 2 + 2 * step), psi, largest, pad, zero2, elt, volumes)
             if step == 0:  # collective: every rank calls it
-                state_failure = _state_failure(setup, rank, world, opt, oracle_opt, psi, largest, pad, zero2)
-                kinds = _state_elements([oracle_opt]) // psi
-                known = [X, Y, *_model_tensors(model), *_model_tensors(oracle)]
-                known += [v for s in oracle_opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-                census_failure = _census_failure(setup, rank, world, watch, opt, known, psi, largest, pad, kinds,
-                                                 trainable[0].element_size())
-                failure = failure or state_failure or census_failure
+                failure = failure or _state_failure(setup, rank, world, record["facts"], oracle_opt, psi, largest,
+                                                    pad, zero2)
             if _stop_if_any(failure):
                 return None
-        report.append((opt_name, max(volumes) / (psi * trainable[0].element_size())))
-        report.append(("census", *watch.measured))  # bytes kept beyond the model, and beyond the shard
+        error = got.get("error")
+        if _agree(error):
+            if error:
+                raise _raised(cls_name, error, zero2, psi, world)
+            return None
+        report.append((opt_name, max(volumes) / (psi * elt)))
     return report
+
+
+def _memory_probe(fn, cls_name, zero2, seed):
+    """On the host of each rank: the big model's scenario (``zero_drivers.drive_memory``); the sandbox's resident
+    size, read from /proc at the driver's marks, must grow from before the constructor to after each step by no
+    more than what its optimizers hold, at most a 1/N share of the state, parameters and gradients."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    kwargs = _configs(seed)[1][1]
+    oracle = _make_model(seed, big=True)
+    X, Y = _data(seed, MEMORY_STEPS, big=True)
+    params = list(oracle.parameters())
+    psi, largest, elt = sum(p.numel() for p in params), max(p.numel() for p in params), 4
+    pad = world * len(params)
+    rng = random.Random(seed + 5)
+    sample = [sorted(rng.sample(range(p.numel()), 8)) for p in params]
+    oracle_opt = torch.optim.AdamW(params, **kwargs)
+    setup = (f"{cls_name}(model.parameters(), torch.optim.AdamW, **{kwargs}) on {world} ranks, a model of "
+             f"Ψ = {psi} parameters (seed {seed})")
+    with Recorder() as rec:
+        got = fn(kwargs, seed, MEMORY_STEPS, sample)
+    if not _readable(got, MEMORY_STEPS):
+        raise AssertionError(_UNREADABLE.format(setup, rank))
+    failure = None
+    share = (psi / world + largest + pad) * elt
+    for step, record in enumerate(got["steps"]):
+        oracle_opt.zero_grad()
+        _loss(oracle, X[step], Y[step]).backward()
+        oracle_opt.step()
+        for i, (p, idx) in enumerate(zip(params, sample)):
+            want = p.detach().reshape(-1)[idx]
+            w = record["weights"][i] if i < len(record["weights"]) else None
+            if failure is None and not (isinstance(w, torch.Tensor) and w.shape == want.shape
+                                        and torch.allclose(w, want, **tolerance(want.dtype))):
+                failure = (f"{setup}: after step {step}, rank {rank}'s weights differ from the unsharded optimizer's "
+                           f"(parameter {i}: got {short(w)}, expected {short(want)}).")
+        rss = rec.rss
+        if failure is None and len(rss) > step + 1:
+            grown = rss[step + 1] - rss[0]
+            held = record["facts"].get("held_bytes")
+            allowed = min(held if isinstance(held, (int, float)) else 0, 4 * share)  # state (2), shard, its grad
+            if zero2:  # the model's gradients, made before the constructor, are gone after a ZeRO-2 step
+                allowed -= psi * elt
+            beyond = grown - allowed
+            if beyond > MEMORY_SLACK * psi * elt:
+                failure = (f"{setup}: after step {step}, rank {rank}'s process holds {fmt_bytes(grown)} more than "
+                           f"before the constructor (read by the system), {fmt_bytes(beyond)} beyond its shard: its "
+                           f"optimizers hold {fmt_bytes(allowed)} (their state, and the shard they update with its "
+                           "gradient). The full optimizer state (or another full-size copy of the model's data) is "
+                           "kept somewhere else (a global, a closure, bytes or numpy copies): keep only this rank's "
+                           "shard, in the optimizer you build over it.")
+        if _stop_if_any(failure):
+            return None
+    error = got.get("error")
+    if _agree(error) and error:
+        raise _raised(cls_name, error, False, psi, world)
+    return None
 
 
 def _check_optimizer(cls, cls_name, zero2):
     seed = draw_seed()
     what = f"{cls_name} (seed {seed})"
+    training = in_sandbox(cls, what, driver=_drivers.drive_training)
+    psi = sum(p.numel() for p in _make_model(seed).parameters() if p.requires_grad)
     for world in WORLD_SIZES:
-        run_on_workers(_probe, cls, cls_name, zero2, seed, world_size=world, what=what, timeout=PROBE_TIMEOUT_ZERO)
+        try:
+            run_on_workers(_probe, training, cls_name, zero2, seed, world_size=world, what=what,
+                           timeout=PROBE_TIMEOUT_ZERO)
+        except AssertionError as exc:
+            if zero2 and psi % world and "deadlocked" in str(exc):  # some ranks' chunks fit, the others' did not
+                raise _raised(cls_name, ("", "a deadlock", str(exc)), True, psi, world) from None
+            raise
+    memory = in_sandbox(cls, what, driver=_drivers.drive_memory)
+    run_on_workers(_memory_probe, memory, cls_name, zero2, seed, world_size=MEMORY_WORLD, what=what,
+                   timeout=PROBE_TIMEOUT_ZERO)
 
 
 def check_ShardedOptimizer(ShardedOptimizer):
     """ZeRO-1: SGD with momentum and AdamW, 10 steps on 2, 3 and 4 ranks: weights equal to the unsharded optimizer,
-    about 1/N of the state per rank, at most 2Ψ moved per step."""
+    about 1/N of the state per rank, at most 2Ψ moved per step, none in zero_grad(); on a larger model, the memory
+    the process keeps after a step is its shard."""
     _check_optimizer(ShardedOptimizer, "ShardedOptimizer", zero2=False)
 
 

@@ -12,27 +12,34 @@ full row-parallel bias, or for attention the q, k and v shards concatenated into
 separate q/k/v and any attribute names are accepted; interleaved shards, a full weight, or a shard of the wrong
 rank are named in the message.
 
-How: ``CommCounter`` records forward and backward separately (kind, bytes and group of every call). What the module
-keeps is measured, not walked: ``from_dense`` gets a copy of the dense module that the check drops afterwards, and a
-census of every tensor storage and Python buffer alive in the worker (``autograder.checks._memory``), before and
-after the call, gives all the bytes the module keeps alive wherever it holds them (an attribute starting with '_', a
-module inside a list, a closure); each storage counts at its full size, so a shard that is a view of the full weight
-counts as the full weight. The module's own attributes (``tensor_bytes``) only name the culprit in the message. World sizes 1 to 4, plus 4 ranks split into two tensor-parallel groups of 2
+How: the student's function or class runs in the grading sandbox of each rank, exercised by ``drivers.drive`` (from
+a copy of the dense module: from_dense, forward, backward); the host (the probe) compares what comes back with its
+own oracle and splits its own record of the calls at the driver's marks: from_dense (no communication), forward
+and backward (kind, bytes and group of every call). What a module keeps is measured, not walked: after every
+configuration, a memory scenario on 2 ranks builds the module from a dense layer of 16 to 18 MiB, and the host
+reads the sandbox's resident size from ``/proc`` before the dense layer exists and once from_dense has returned and
+the dense layer is dropped (the driver trims the heap first): the growth must be the shards' bytes, whatever holds
+the rest (an attribute starting with '_', a module inside a list, a closure, a global, bytes or numpy copies); a
+shard that is a view of the full weight keeps the full weight. The module's own attributes (``tensor_bytes``) only
+name the culprit in the message. World sizes 1 to 4, plus 4 ranks split into two tensor-parallel groups of 2
 (``group=`` must be honoured); shapes are drawn at grading time (hidden sizes divisible by t, odd batch and
 sequence). Probes keep ranks in step: after each phase all ranks agree on whether one failed.
 
 The package: ``harness`` (running probes in step, recording and comparing collectives), ``shards`` (parameters
-recognised by value, their memory and gradients), ``exercise`` (one parallel module against its dense oracle),
-``probes`` (what runs on the workers for each exercise, with the wrong answers each is known for).
+recognised by value, and their gradients), ``exercise`` (one parallel module against its dense oracle, and the
+memory scenario's verdict), ``probes`` (what runs on the workers for each exercise, with the wrong answers each is
+known for), ``drivers`` (what runs in the sandbox).
 """
 
 from __future__ import annotations
 
+import functools
 import random
 
-from .._common import draw_seed
+from .._common import draw_seed, in_sandbox
+from . import drivers
 from .harness import _run
-from .probes import _fg_shape, _probe_attention, _probe_column, _probe_fg, _probe_mlp, _probe_row
+from .probes import _fg_shape, _probe_attention, _probe_column, _probe_fg, _probe_memory, _probe_mlp, _probe_row
 
 #: Exercises whose check failed in this process (the hidden tests run in order, one notebook per judge), and what
 #: each later exercise is built on: a failure downstream says which earlier one may cause it. Messages only.
@@ -71,52 +78,67 @@ __all__ = [
 ]
 
 
+def _sandboxed(obj, what):
+    """The student's function or class as the probes call it: ``fn(mode, tp, ...)`` runs ``drivers.drive`` on it in
+    the sandbox of each rank; and the same in the worker, for the configuration the sandbox cannot run yet."""
+    fn = in_sandbox(obj, what, driver=drivers.drive)
+    return fn, (fn, functools.partial(drivers.drive, obj))
+
+
+def _module_check(name, cls, probe, **kwargs):
+    """The exercise's probe on every configuration, then its memory scenario (on 2 ranks)."""
+    seed = draw_seed()
+    fn, in_worker = _sandboxed(cls, name)
+
+    def run():
+        _run(probe, fn, seed, what=name, seed=seed, in_worker=in_worker, **kwargs)
+        _run(_probe_memory, name, fn, seed, what=name, seed=seed, configs=((2, 2),))
+
+    _checked(name, run)
+
+
 def check_copy_to_tp(copy_to_tp) -> None:
     """f: identity in forward with no communication; one all-reduce (sum) of the gradient in backward, over
     ``group``; input untouched."""
     seed = draw_seed()
     shape = _fg_shape(random.Random(seed))
-    _checked("copy_to_tp", lambda: _run(_probe_fg, "copy_to_tp", copy_to_tp, seed, shape, what="copy_to_tp",
-                                        seed=seed))
+    fn, in_worker = _sandboxed(copy_to_tp, "copy_to_tp")
+    _checked("copy_to_tp", lambda: _run(_probe_fg, "copy_to_tp", fn, seed, shape, what="copy_to_tp", seed=seed,
+                                        in_worker=in_worker))
 
 
 def check_reduce_from_tp(reduce_from_tp) -> None:
     """g: one all-reduce (sum) over ``group`` in forward, input untouched; identity in backward, no communication."""
     seed = draw_seed()
     shape = _fg_shape(random.Random(seed))
-    _checked("reduce_from_tp", lambda: _run(_probe_fg, "reduce_from_tp", reduce_from_tp, seed, shape,
-                                            what="reduce_from_tp", seed=seed))
+    fn, in_worker = _sandboxed(reduce_from_tp, "reduce_from_tp")
+    _checked("reduce_from_tp", lambda: _run(_probe_fg, "reduce_from_tp", fn, seed, shape, what="reduce_from_tp",
+                                            seed=seed, in_worker=in_worker))
 
 
 def check_ColumnParallelLinear(ColumnParallelLinear) -> None:
     """from_dense keeps rows chunk(t, 0)[r] of the weight and its bias chunk (nothing more); forward equals this
     rank's slice of the dense output (or all of it with gather_output=True); input and weight gradients equal the
     dense ones; no communication in forward (one all-gather when gathering), one all-reduce in backward."""
-    seed = draw_seed()
-    _checked("ColumnParallelLinear",
-             lambda: _run(_probe_column, ColumnParallelLinear, seed, what="ColumnParallelLinear", seed=seed))
+    _module_check("ColumnParallelLinear", ColumnParallelLinear, _probe_column)
 
 
 def check_RowParallelLinear(RowParallelLinear) -> None:
     """from_dense keeps columns chunk(t, 1)[r] of the weight and the full bias; forward equals the dense output
     with the bias added once; gradients equal the dense ones; one all-reduce in forward, none in backward (one
     all-gather with input_is_parallel=False)."""
-    seed = draw_seed()
-    _checked("RowParallelLinear",
-             lambda: _run(_probe_row, RowParallelLinear, seed, what="RowParallelLinear", seed=seed))
+    _module_check("RowParallelLinear", RowParallelLinear, _probe_row)
 
 
 def check_ParallelMLP(ParallelMLP) -> None:
     """fc1 column-parallel, fc2 row-parallel, only this rank's shards kept; output, input gradient and shard
     gradients equal the dense MLP's; exactly one all-reduce of b*s*h elements in forward and one in backward."""
-    seed = draw_seed()
-    _checked("ParallelMLP", lambda: _run(_probe_mlp, ParallelMLP, seed, what="ParallelMLP", seed=seed))
+    _module_check("ParallelMLP", ParallelMLP, _probe_mlp)
 
 
 def check_ParallelAttention(ParallelAttention) -> None:
     """Heads split over ranks (q, k, v column-parallel, fused or separate; out_proj row-parallel), only this rank's
     shards kept; output, input gradient and shard gradients equal the dense attention's; exactly one all-reduce of
     b*s*h elements in forward and one in backward."""
-    seed = draw_seed()
-    _checked("ParallelAttention", lambda: _run(_probe_attention, ParallelAttention, seed, what="ParallelAttention",
-                                               seed=seed, configs=((2, 2), (3, 3), (4, 4), (4, 2), (1, 1))))
+    _module_check("ParallelAttention", ParallelAttention, _probe_attention,
+                  configs=((2, 2), (3, 3), (4, 4), (4, 2), (1, 1)))

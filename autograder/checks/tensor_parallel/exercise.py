@@ -1,22 +1,21 @@
-"""One parallel module against its dense oracle: ``_built`` makes it from a copy of the dense module and measures
-what it keeps; ``_exercise`` checks, in order, everything the module must get right (the dense module untouched, the
-shards it keeps, forward's output and collectives, backward's gradients and collectives); ``_dense_run`` is the
-oracle.
+"""One parallel module against its dense oracle: ``_observe`` runs the driver's scenario in the sandbox (from_dense,
+forward, backward) under the host's own record; ``_exercise`` checks, in order, everything the module must get right
+(the dense module untouched, the shards it keeps, forward's output and collectives, backward's gradients and
+collectives); ``_dense_run`` is the oracle; ``_memory_failure`` judges the memory scenario.
 """
 
 from __future__ import annotations
 
-import copy
-import gc
-import weakref
-
 import torch
-import torch.nn as nn
 
-from .._common import call_student as _call, short
-from .._memory import MemoryWatch
-from .harness import ELSEWHERE, _agree, _build, _close, _comm_failure, _recorded
-from .shards import _grad_failure, _match, _memory_failure
+from .._common import short
+from .._host import Recorder, fmt_bytes
+from .harness import ELSEWHERE, _agree, _close, _comm_failure, _group_hint
+from .shards import _grad_failure, _match
+
+#: What a module may keep beyond its shards in the memory scenario, as a share of the dense module's bytes (what a
+#: process's own allocations move, once the heap is trimmed, is far below it; a full copy is 4 times more).
+MEMORY_SLACK = 0.25
 
 
 def _largest_difference(got, want) -> str:
@@ -26,82 +25,123 @@ def _largest_difference(got, want) -> str:
     return ""
 
 
-def _built(label, from_dense, dense, t, **kwargs):
-    """``from_dense`` called on a copy of ``dense`` that the check drops afterwards, so that whatever of it is still
-    alive is kept by the student's module. Returns (module, names of the dense entries it changed, ``Kept``: every
-    storage created since, measured by a census of the worker process, not from the module's attributes)."""
-    before = _snapshot(dense)
-    watch = MemoryWatch()
-    given = copy.deepcopy(dense)
-    given.zero_grad(set_to_none=True)
-    module = _build(label, from_dense, given, t, **kwargs)
-    changed = [name for name, value in given.state_dict().items() if not torch.equal(value, before[name])]
-    alive = weakref.ref(given)
-    del given
-    if alive() is not None:
-        gc.collect()  # a reference cycle through the copy: only the collector frees it
-    kept = watch.kept()
-    watch.close()
-    return module, changed, kept
+def _observe(fn, *args):
+    """The driver's scenario in the sandbox, and the host's record of it: (what it returned, calls per phase)."""
+    with Recorder() as rec:
+        seen = fn(*args)
+    if type(seen) is not dict:
+        raise AssertionError("what the scenario returned is not what it returns (something in the sandbox changed "
+                             "it); graded as a failure.")
+    return seen, rec.phases(), rec.rss
 
 
-def _exercise(label, module, changed, kept, x, G, want_out, want_xgrad, shards, fwd, bwd, ranks, t, r, *,
-              pinned=None, out_cause=None, xgrad_cause=None, fwd_hint="", bwd_hint="", scaled_hint=""):
+def _phase(phases, i) -> list:
+    return phases[i] if i < len(phases) else []
+
+
+def _exercise(label, seen, phases, x, G, want_out, want_xgrad, shards, fwd, bwd, ranks, t, r, *, pinned=None,
+              out_cause=None, xgrad_cause=None, fwd_hint="", bwd_hint="", scaled_hint=""):
     """Everything one parallel module must get right, in order; a message for the first thing wrong, or None.
 
-    ``changed``: the dense module's entries ``from_dense`` changed (none may be); ``kept``: what the module keeps
-    alive (``_built``). ``x``: the input (a leaf that requires grad; it must stay untouched). ``G``: the upstream gradient for this rank's output. ``fwd``
-    and ``bwd``: the expected collectives, as (accepted kinds, bytes). ``pinned``: attribute -> shard index the
+    ``seen``: what the driver returned (``drivers._module``); ``phases``: the host's record of from_dense, forward
+    and backward. ``x``: the input the driver was given (it must stay untouched). ``G``: the upstream gradient.
+    ``fwd`` and ``bwd``: the expected collectives, as (accepted kinds, bytes). ``pinned``: attribute -> shard the
     module must expose (``.weight``, ``.bias``)."""
     where = f"{label}, on rank {r}"
-    if not isinstance(module, nn.Module):
-        return f"{label} returned {type(module).__name__}, expected an nn.Module (an instance of the class)."
-    if changed:
-        return f"{label} changed the dense module's {changed[0]}: read it, never write to it."
-    pairs, failure = _match(module, shards, where)
+    failure = _built_failure(label, seen, t)
+    if failure is None and _phase(phases, 0):
+        failure = (f"{where}: from_dense communicated ({', '.join(f'{c.kind} of {c.nbytes} B' for c in phases[0])}): "
+                   "every rank has the whole dense module, so taking this rank's shard needs no communication.")
+    pairs = None
+    if failure is None:
+        pairs, failure = _match(seen["params"], shards, where)
     if failure is None and pinned:
         for attr, shard in pinned.items():
-            got = getattr(module, attr, "missing")
+            got = seen["pinned"].get(attr, "missing")
             if shard is None:
                 if got is not None:
                     failure = f"{where}: .{attr} should be None (the dense layer has no bias), got {short(got)}."
             elif not isinstance(got, torch.Tensor) or got.shape != shard.value.shape or not torch.equal(
-                    got.detach(), shard.value):
+                    got, shard.value):
                 failure = f"{where}: .{attr} is {short(got)}, expected {shard.label} = {short(shard.value)}."
-    failure = failure or _memory_failure(module, pairs or [], where, kept)
     if _agree(failure):
         return failure or ELSEWHERE
-    x_before = x.detach().clone()
-    out, calls = _recorded(lambda: _call(f"{label}: forward", module, x))
-    failure = _comm_failure(calls, fwd, ranks, t, f"{where}, forward", fwd_hint)
-    if failure is None and not torch.equal(x.detach(), x_before):
+    out = seen.get("out")
+    failure = _raised(f"{label}: forward", seen.get("forward_error"))
+    failure = failure or _comm_failure(_phase(phases, 1), fwd, ranks, t, f"{where}, forward", fwd_hint)
+    if failure is None and not torch.equal(seen["x_after"], x):
         failure = f"{where}: the forward changed its input in place; leave the input untouched."
     if failure is None and not _close(out, want_out):
-        if not isinstance(out, torch.Tensor):
-            failure = f"{where}: the forward returned {type(out).__name__}, expected a tensor."
+        if not seen["is_tensor"]:
+            failure = f"{where}: the forward returned {seen['out_type']}, expected a tensor."
         else:
             cause = (out_cause(out) if out_cause else "") or ""
             failure = (f"{where}: {cause + ' ' if cause else ''}output {short(out, 4)}, expected {short(want_out, 4)}"
                        f"{_largest_difference(out, want_out)}.")
-    if failure is None and not out.requires_grad:
+    if failure is None and not seen["requires_grad"]:
         failure = (f"{where}: the output does not require grad: the autograd graph was cut (dist collectives are "
                    "not differentiable; wrap them in a torch.autograd.Function).")
     if _agree(failure):
         return failure or ELSEWHERE
-    _, calls = _recorded(lambda: _call(f"{label}: backward", out.backward, G))
-    failure = _comm_failure(calls, bwd, ranks, t, f"{where}, backward", bwd_hint)
-    if failure is None and want_xgrad is not None and not _close(x.grad, want_xgrad):
-        cause = (xgrad_cause(x.grad) if (xgrad_cause and x.grad is not None) else "") or ""
-        failure = (f"{where}: {cause + ' ' if cause else ''}the input's gradient is {short(x.grad, 4)}, expected "
-                   f"{short(want_xgrad, 4)}{_largest_difference(x.grad, want_xgrad)}.")
-    failure = failure or _grad_failure(pairs, t, f"{where}, backward", scaled_hint)
+    failure = _raised(f"{label}: backward", seen.get("backward_error"))
+    failure = failure or _comm_failure(_phase(phases, 2), bwd, ranks, t, f"{where}, backward", bwd_hint)
+    x_grad = seen.get("x_grad")
+    if failure is None and want_xgrad is not None and not _close(x_grad, want_xgrad):
+        cause = (xgrad_cause(x_grad) if (xgrad_cause and isinstance(x_grad, torch.Tensor)) else "") or ""
+        failure = (f"{where}: {cause + ' ' if cause else ''}the input's gradient is {short(x_grad, 4)}, expected "
+                   f"{short(want_xgrad, 4)}{_largest_difference(x_grad, want_xgrad)}.")
+    if failure is None:
+        grads = seen.get("grads") or []
+        failure = _grad_failure([(name, grads[i] if i < len(grads) else None, s) for i, (name, s) in enumerate(pairs)],
+                                t, f"{where}, backward", scaled_hint)
     if _agree(failure):
         return failure or ELSEWHERE
     return None
 
 
-def _snapshot(module):
-    return {k: v.clone() for k, v in module.state_dict().items()}
+def _raised(what, error):
+    return None if error is None else f"{what} raised {error[0]}: {error[1]}"
+
+
+def _built_failure(label, seen, t):
+    """What from_dense got wrong before its module can be looked at: an error, not a module, the dense changed."""
+    error = seen.get("error")
+    if error is not None:
+        return _group_hint(label, error, t)
+    if not seen.get("is_module"):
+        return f"{label} returned {seen.get('type')}, expected an nn.Module (an instance of the class)."
+    if seen.get("changed"):
+        return f"{label} changed the dense module's {seen['changed'][0]}: read it, never write to it."
+    return None
+
+
+def _memory_failure(label, seen, rss, shard_bytes, dense_bytes, want_out, r):
+    """The memory scenario (``drivers._memory``): the sandbox's resident size, read by the host at the driver's
+    marks, may grow from before the dense module existed to after from_dense returned (the dense module gone) by the
+    shards' bytes, plus ``MEMORY_SLACK`` of the dense module's; the output must still be right. ``rss`` is empty
+    without a sandbox: memory is then not judged."""
+    where = f"{label}, on rank {r}"
+    failure = _built_failure(label, seen, 0)
+    if failure:
+        return failure
+    if seen.get("forward_error") is not None or not _close(seen.get("out"), want_out):
+        return (f"{where}: the forward of a module built from a larger layer ({fmt_bytes(dense_bytes)}) gives "
+                f"{short(seen.get('out'), 4)}, expected {short(want_out, 4)}.")
+    if len(rss) < 3:
+        return None
+    grown = rss[2] - rss[0]
+    if grown <= shard_bytes + MEMORY_SLACK * dense_bytes:
+        return None
+    kept = seen.get("kept")
+    if isinstance(kept, int) and kept > shard_bytes + MEMORY_SLACK * dense_bytes:
+        return (f"{where}: the module keeps {kept} B of tensors, but its shards are {shard_bytes} B. Largest: "
+                f"{seen.get('largest')}. Keep only this rank's shard: .clone() the chunk (a chunk is a view that "
+                "keeps the whole dense weight alive), and do not store the dense weight or module.")
+    return (f"{where}: after from_dense returned and the dense module ({fmt_bytes(dense_bytes)}) was dropped, the "
+            f"process held {fmt_bytes(grown)} more than before it existed (read by the system), "
+            f"{fmt_bytes(grown - shard_bytes)} beyond its shards ({fmt_bytes(shard_bytes)}): the dense weight (or a "
+            "copy of it, as a tensor, numpy array or bytes, or the dense module) is still held somewhere (an "
+            "attribute starting with '_', a list, a closure, a global) — keep only this rank's shard.")
 
 
 def _dense_run(dense, X, G):

@@ -3,8 +3,8 @@
 Every probe runs on all ranks of a world split into tensor-parallel groups (``_tp_group``); after each phase the
 ranks agree on whether one of them failed (``_agree``), so that all stop at the same point and none waits in a
 collective the others never enter. Also here: the dense oracle's inputs (``_dense``, ``_randn``), the collectives
-recorded by ``CommCounter`` and compared with the expected ones (``_comm_failure``), and the student's
-``from_dense`` called with messages about the group (``_build``, ``_value_error``).
+recorded by ``CommCounter`` and compared with the expected ones (``_comm_failure``), and messages about what from_dense
+raised (``_group_hint``, ``_value_error``).
 """
 
 from __future__ import annotations
@@ -46,9 +46,15 @@ def _guarded(body, *args):
     return failure
 
 
-def _run(probe, *args, what: str, seed: int, configs=CONFIGS):
+def _run(probe, *args, what: str, seed: int, configs=CONFIGS, in_worker=None):
+    """``probe`` on every configuration. ``in_worker``: (the sandboxed student object, the same scenarios run in the
+    worker): a configuration of several tensor-parallel groups runs the latter, since a sandbox cannot yet make a
+    group it is not in (its host's ``new_group`` wants every rank)."""
     for world_size, tp in configs:
-        results = run_on_workers(_guarded, probe, tp, *args, world_size=world_size, what=what)
+        given = args
+        if in_worker is not None and tp < world_size:
+            given = tuple(in_worker[1] if a is in_worker[0] else a for a in args)
+        results = run_on_workers(_guarded, probe, tp, *given, world_size=world_size, what=what)
         for failure in results:
             if failure and failure != ELSEWHERE:
                 layout = "" if tp == world_size else f", tensor-parallel groups of {tp}"
@@ -81,14 +87,6 @@ def _close(a, b) -> bool:
     return isinstance(a, torch.Tensor) and a.shape == b.shape and torch.allclose(a, b, **tolerance(b.dtype))
 
 
-def _recorded(fn):
-    import labsupport
-
-    with labsupport.CommCounter() as cc:
-        out = fn()
-    return out, list(cc.calls)
-
-
 def _describe(calls) -> str:
     if not calls:
         return "no communication"
@@ -112,35 +110,30 @@ def _comm_failure(calls, expected, ranks, t, where, hint=""):
     return None
 
 
-def _build(label, from_dense, dense, t, **kwargs):
-    """Call the student's from_dense; a ValueError on sizes that do divide by t gets a hint about the group."""
-    try:
-        return from_dense(dense, **kwargs)
-    except ValueError as exc:
-        raise AssertionError(
-            f"{label} raised ValueError: {exc}, but every size here divides by t = {t}, the number of ranks in "
-            "`group`: take t and r from the group (dist.get_world_size(group), dist.get_rank(group)), not from the "
-            "whole world.") from None
-    except (NotImplementedError, AssertionError):
-        raise
-    except Exception as exc:
-        raise AssertionError(f"{label} raised {type(exc).__name__}: {exc}") from None
+def _group_hint(label, error, t):
+    """The message for an error from_dense raised: a ValueError on sizes that do divide by t gets a hint about the
+    group."""
+    kind, message = error
+    if kind == "ValueError" and t:
+        return (f"{label} raised ValueError: {message}, but every size here divides by t = {t}, the number of ranks "
+                "in `group`: take t and r from the group (dist.get_world_size(group), dist.get_rank(group)), not "
+                "from the whole world.")
+    return f"{label} raised {kind}: {message}"
 
 
-def _value_error(build, size_name: str, size: int, t: int, what: str):
-    """``build()`` must raise ValueError whose message names the size and t."""
-    try:
-        build()
-    except ValueError as exc:
-        text = str(exc)
+def _value_error(raised, size_name: str, size: int, t: int, what: str):
+    """``raised``: what from_dense raised (type, message) in the sandbox for a size not divisible by t, or None; it
+    must be a ValueError whose message names the size and t."""
+    if raised is None:
+        return (f"{what} with {size_name} = {size} on t = {t} ranks did not raise: {size} is not divisible by {t}, "
+                "raise ValueError naming the size and t.")
+    if not (isinstance(raised, tuple) and len(raised) == 2):
+        return f"{what} with {size_name} = {size} on t = {t} ranks: the scenario's answer was changed in the sandbox."
+    kind, text = raised
+    if kind == "ValueError":
         if not (re.search(rf"(?<!\d){size}(?!\d)", text) and re.search(rf"(?<!\d){t}(?!\d)", text)):
             return (f"{what} with {size_name} = {size} on t = {t} ranks raised ValueError({text!r}); its message "
                     f"should name the size ({size}) and t ({t}).")
         return None
-    except (NotImplementedError, AssertionError):
-        raise
-    except Exception as exc:
-        return (f"{what} with {size_name} = {size} on t = {t} ranks raised {type(exc).__name__}: {exc}; raise "
-                f"ValueError naming the size and t when {size_name} is not divisible by t.")
-    return (f"{what} with {size_name} = {size} on t = {t} ranks did not raise: {size} is not divisible by {t}, "
-            "raise ValueError naming the size and t.")
+    return (f"{what} with {size_name} = {size} on t = {t} ranks raised {kind}: {text}; raise ValueError naming the "
+            f"size and t when {size_name} is not divisible by t.")

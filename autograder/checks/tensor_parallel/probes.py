@@ -1,6 +1,7 @@
-"""What runs on the workers for each exercise: the probes draw the shapes from the seed, build the dense oracle,
-and describe the wrong answers each exercise is known for (f and g swapped, the bias added on every rank,
-interleaved shards, a partial sum never reduced).
+"""What runs on the workers (the hosts) for each exercise: the probes draw the shapes from the seed, build the dense
+oracle, run the student's code in the sandbox through ``drivers.drive`` (``fn``), and describe the wrong answers each
+exercise is known for (f and g swapped, the bias added on every rank, interleaved shards, a partial sum never
+reduced). ``_probe_memory`` is the memory scenario, on a layer of several MiB.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .._common import call_student as _call, short
-from .exercise import _built, _dense_run, _exercise
-from .harness import (ELSEWHERE, _agree, _close, _comm_failure, _dense, _randn, _recorded, _tp_group,
-                      _value_error)
+from .._common import short
+from .drivers import make_dense
+from .exercise import _dense_run, _exercise, _memory_failure, _observe, _phase
+from .harness import ELSEWHERE, _agree, _close, _comm_failure, _dense, _randn, _tp_group, _value_error
 from .shards import _col_shards, _fused, _row_shards
 
 _GATHER = {"all_gather", "all_gather_into_tensor"}
@@ -32,11 +33,13 @@ def _probe_fg(tp, which, fn, seed, shape):
     nbytes = xs[0].numel() * 4
     label = f"{which}(x, group)"
     mine = xs[r] if which == "reduce_from_tp" else xs[0]
-    x = mine.clone().requires_grad_()
-    out, fwd = _recorded(lambda: _call(label, fn, x, group=group))
-    if not isinstance(out, torch.Tensor):
-        return f"{label} returned {type(out).__name__}, expected a tensor."
-    if not torch.equal(x.detach(), mine):
+    seen, phases, _ = _observe(fn, "fg", tp, mine, gs[r].clone())
+    if seen.get("error") is not None:
+        return f"{label} raised {seen['error'][0]}: {seen['error'][1]}"
+    out, fwd = seen.get("out"), _phase(phases, 0)
+    if not seen.get("is_tensor"):
+        return f"{label} returned {seen.get('type')}, expected a tensor."
+    if not torch.equal(seen["x_after"], mine):
         return f"{label} changed its input x in place: leave x untouched (all-reduce a copy)."
     if which == "copy_to_tp":
         failure = _comm_failure(fwd, [], ranks, t, f"{label}, forward, on rank {r}",
@@ -51,13 +54,14 @@ def _probe_fg(tp, which, fn, seed, shape):
         third = " It is 1/t of the sum: g sums over the group (ReduceOp.SUM), do not divide by t." if (
             which == "reduce_from_tp" and t > 1 and _close(out * t, expected_out)) else ""
         failure = f"{label}, forward, on rank {r}:{third} output {short(out, 4)}, expected {short(expected_out, 4)}."
-    if failure is None and not out.requires_grad:
+    if failure is None and not seen["requires_grad"]:
         failure = (f"{label}: the output does not require grad although x does: use a torch.autograd.Function so "
                    "that gradients flow through it.")
     if _agree(failure):
         return failure or ELSEWHERE
-    incoming = gs[r].clone()
-    _, bwd = _recorded(lambda: _call(f"backward through {label}", out.backward, incoming))
+    if seen.get("backward_error") is not None:
+        return f"backward through {label} raised {seen['backward_error'][0]}: {seen['backward_error'][1]}"
+    bwd, x_grad = _phase(phases, 1), seen.get("x_grad")
     if which == "copy_to_tp":
         failure = _comm_failure(bwd, [({"all_reduce"}, nbytes)], ranks, t, f"{label}, backward, on rank {r}",
                                 "f's backward all-reduces (sums) the incoming gradient over the group, once.")
@@ -65,16 +69,17 @@ def _probe_fg(tp, which, fn, seed, shape):
         failure = _comm_failure(bwd, [], ranks, t, f"{label}, backward, on rank {r}",
                                 "g is the identity in backward (an all-reduce in both directions counts the "
                                 "gradient t times; did you swap f and g?).")
-    if failure is None and not torch.equal(incoming, gs[r]):
+    if failure is None and not torch.equal(seen.get("incoming_after"), gs[r]):
         failure = (f"{label}, backward, on rank {r}: the incoming gradient (the tensor the caller passed to "
                    "backward) was changed in place: all-reduce a copy (grad.clone()).")
-    if failure is None and not _close(x.grad, expected_grad):
+    if failure is None and not _close(x_grad, expected_grad):
         third = " It is 1/t of the sum: f's backward sums over the group (ReduceOp.SUM), do not divide by t." if (
-            which == "copy_to_tp" and t > 1 and isinstance(x.grad, torch.Tensor) and _close(x.grad * t,
+            which == "copy_to_tp" and t > 1 and isinstance(x_grad, torch.Tensor) and _close(x_grad * t,
                                                                                            expected_grad)) else ""
-        failure = (f"{label}, backward, on rank {r}:{third} x.grad is {short(x.grad, 4)}, expected "
-                   f"{short(expected_grad, 4)} " + ("(the sum of every rank's incoming gradient)."
-                                                    if which == "copy_to_tp" else "(the incoming gradient, unchanged)."))
+        wanted = ("(the sum of every rank's incoming gradient)." if which == "copy_to_tp" else
+                  "(the incoming gradient, unchanged).")
+        failure = (f"{label}, backward, on rank {r}:{third} x.grad is {short(x_grad, 4)}, expected "
+                   f"{short(expected_grad, 4)} {wanted}")
     return failure
 
 
@@ -91,7 +96,7 @@ def _dims(seed, tp):
     return rng.choice((1, 3, 5)), rng.choice((1, 3, 5)), rng
 
 
-def _probe_column(tp, cls, seed):
+def _probe_column(tp, fn, seed):
     group, ranks, t, r = _tp_group(tp)
     b, s, rng = _dims(seed, tp)
     fin, fout, bias = rng.randint(3, 9), t * rng.randint(2, 4), tp != 3   # no bias on 3 ranks
@@ -103,8 +108,8 @@ def _probe_column(tp, cls, seed):
     Wr = dense.weight.detach().chunk(t, 0)[r]
     for gather in (False, True):
         label = f"ColumnParallelLinear.from_dense(nn.Linear({fin}, {fout}, bias={bias}), group, gather_output={gather})"
-        module, changed, kept = _built(label, cls.from_dense, dense, t, group=group, gather_output=gather)
-        x = X.clone().requires_grad_()
+        seen, phases, _ = _observe(fn, "module", tp, dense, {"gather_output": gather}, X,
+                                   G if gather else G.chunk(t, -1)[r], list(pinned))
         want = Y if gather else Y.chunk(t, -1)[r]
 
         def out_cause(got, gather=gather):
@@ -124,7 +129,7 @@ def _probe_column(tp, cls, seed):
 
         fwd = [(_GATHER, b * s * (fout // t) * 4)] if gather else []
         failure = _exercise(
-            label, module, changed, kept, x, G if gather else G.chunk(t, -1)[r], want, XG, shards,
+            label, seen, phases, X, G if gather else G.chunk(t, -1)[r], want, XG, shards,
             fwd, [({"all_reduce"}, b * s * fin * 4)], ranks, t, r, pinned=pinned, out_cause=out_cause,
             xgrad_cause=xgrad_cause,
             fwd_hint=("Forward: " + ("one all-gather of this rank's output slice (gather_output=True)."
@@ -136,14 +141,14 @@ def _probe_column(tp, cls, seed):
             return failure
     if t > 1:
         bad = t * rng.randint(1, 3) + 1
-        failure = _value_error(lambda: cls.from_dense(nn.Linear(fin, bad), group=group), "out_features", bad, t,
+        failure = _value_error(fn("bad", tp, ("linear", fin, bad, True, seed)), "out_features", bad, t,
                                "ColumnParallelLinear.from_dense")
         if _agree(failure):
             return failure or ELSEWHERE
     return None
 
 
-def _probe_row(tp, cls, seed):
+def _probe_row(tp, fn, seed):
     group, ranks, t, r = _tp_group(tp)
     b, s, rng = _dims(seed, tp)
     fin, fout, bias = t * rng.randint(2, 4), rng.randint(3, 9), tp != 3   # no bias on 3 ranks
@@ -156,8 +161,8 @@ def _probe_row(tp, cls, seed):
     for parallel in (True, False):
         label = (f"RowParallelLinear.from_dense(nn.Linear({fin}, {fout}, bias={bias}), group, "
                  f"input_is_parallel={parallel})")
-        module, changed, kept = _built(label, cls.from_dense, dense, t, group=group, input_is_parallel=parallel)
-        x = (X.chunk(t, -1)[r] if parallel else X).clone().requires_grad_()
+        x = (X.chunk(t, -1)[r] if parallel else X).clone()
+        seen, phases, _ = _observe(fn, "module", tp, dense, {"input_is_parallel": parallel}, x, G, list(pinned))
         want_xgrad = XG.chunk(t, -1)[r] if parallel else XG
 
         def out_cause(got):
@@ -181,7 +186,7 @@ def _probe_row(tp, cls, seed):
 
         bwd = [] if parallel else [(_GATHER, b * s * (fin // t) * 4)]
         failure = _exercise(
-            label, module, changed, kept, x, G, Y, want_xgrad, shards, [({"all_reduce"}, b * s * fout * 4)], bwd,
+            label, seen, phases, x, G, Y, want_xgrad, shards, [({"all_reduce"}, b * s * fout * 4)], bwd,
             ranks, t, r, pinned=pinned, out_cause=out_cause, xgrad_cause=xgrad_cause,
             fwd_hint="Forward: exactly one all-reduce (g) of the partial output (b*s*out_features elements); "
                      "taking this rank's slice of a replicated input needs no communication.",
@@ -193,7 +198,7 @@ def _probe_row(tp, cls, seed):
             return failure
     if t > 1:
         bad = t * rng.randint(1, 3) + 1
-        failure = _value_error(lambda: cls.from_dense(nn.Linear(bad, fout), group=group), "in_features", bad, t,
+        failure = _value_error(fn("bad", tp, ("linear", bad, fout, True, seed)), "in_features", bad, t,
                                "RowParallelLinear.from_dense")
         if _agree(failure):
             return failure or ELSEWHERE
@@ -224,7 +229,7 @@ def _bias_cause(Y, bias, t):
     return cause
 
 
-def _probe_mlp(tp, cls, seed):
+def _probe_mlp(tp, fn, seed):
     from labsupport.lessons.tensor_parallel import MLP
 
     group, ranks, t, r = _tp_group(tp)
@@ -235,7 +240,7 @@ def _probe_mlp(tp, cls, seed):
     Y, XG = _dense_run(dense, X, G)
     shards = _col_shards("fc1", dense.fc1, t, r) + _row_shards("fc2", dense.fc2, t, r)
     label = f"ParallelMLP.from_dense(MLP({h}), group)"
-    module, changed, kept = _built(label, cls.from_dense, dense, t, group=group)
+    seen, phases, _ = _observe(fn, "module", tp, dense, {}, X, G, [])
     bias_cause = _bias_cause(Y, dense.fc2.bias.detach(), t)
     fc1, fc2 = dense.fc1, dense.fc2
     swapped = F.linear(F.gelu(F.linear(t * X, fc1.weight.chunk(t, 0)[r], fc1.bias.chunk(t)[r])),
@@ -247,21 +252,21 @@ def _probe_mlp(tp, cls, seed):
                     "partial outputs never reduced. f (copy_to_tp) goes before fc1, g (reduce_from_tp) after fc2.")
         return bias_cause(got)
 
-    failure = _exercise(label, module, changed, kept, X.clone().requires_grad_(), G, Y, XG, shards,
-                        [({"all_reduce"}, b * s * h * 4)], [({"all_reduce"}, b * s * h * 4)], ranks, t, r,
+    reduce = [({"all_reduce"}, b * s * h * 4)]
+    failure = _exercise(label, seen, phases, X, G, Y, XG, shards, reduce, reduce, ranks, t, r,
                         out_cause=out_cause, **_block_hints("MLP"))
     if failure:
         return failure
     if t > 1:
         bad = t * rng.randint(2, 4) + 1
-        failure = _value_error(lambda: cls.from_dense(MLP(h, ffn_hidden=bad), group=group), "ffn_hidden", bad, t,
+        failure = _value_error(fn("bad", tp, ("mlp", h, bad, seed)), "ffn_hidden", bad, t,
                                "ParallelMLP.from_dense")
         if _agree(failure):
             return failure or ELSEWHERE
     return None
 
 
-def _probe_attention(tp, cls, seed):
+def _probe_attention(tp, fn, seed):
     from labsupport.lessons.tensor_parallel import SelfAttention
 
     group, ranks, t, r = _tp_group(tp)
@@ -282,16 +287,66 @@ def _probe_attention(tp, cls, seed):
     shards += [_fused([w for w, _ in qkv], "qkv weight"), _fused([bb for _, bb in qkv], "qkv bias")]
     shards += _row_shards("out_proj", dense.out_proj, t, r)
     label = f"ParallelAttention.from_dense(SelfAttention({hidden}, num_heads={heads}), group)"
-    module, changed, kept = _built(label, cls.from_dense, dense, t, group=group)
-    failure = _exercise(label, module, changed, kept, X.clone().requires_grad_(), G, Y, XG, shards,
+    seen, phases, _ = _observe(fn, "module", tp, dense, {}, X, G, [])
+    failure = _exercise(label, seen, phases, X, G, Y, XG, shards,
                         [({"all_reduce"}, b * s * hidden * 4)], [({"all_reduce"}, b * s * hidden * 4)], ranks, t, r,
                         out_cause=_bias_cause(Y, dense.out_proj.bias.detach(), t), **_block_hints("attention"))
     if failure:
         return failure
     if t > 1:
         bad = t + 1
-        failure = _value_error(lambda: cls.from_dense(SelfAttention(bad * t, bad), group=group), "num_heads", bad, t,
+        failure = _value_error(fn("bad", tp, ("attention", bad * t, bad, seed)), "num_heads", bad, t,
                                "ParallelAttention.from_dense")
         if _agree(failure):
             return failure or ELSEWHERE
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the memory scenario
+
+#: Each exercise's dense module for the memory scenario (16 to 18 MiB of weights) and its keyword arguments.
+MEMORY_SPECS = {
+    "ColumnParallelLinear": (("linear", 2048, 2048, True), {"gather_output": False}),
+    "RowParallelLinear": (("linear", 2048, 2048, True), {"input_is_parallel": True}),
+    "ParallelMLP": (("mlp", 768, 3072), {}),
+    "ParallelAttention": (("attention", 1024, 8), {}),
+}
+
+
+def _shard_bytes(which, dense, t):
+    """The bytes of this rank's shards of ``dense``: what its module may keep."""
+    def col(lin):
+        return (lin.weight.numel() + (0 if lin.bias is None else lin.bias.numel())) // t * 4
+
+    def row(lin):
+        return (lin.weight.numel() // t + (0 if lin.bias is None else lin.bias.numel())) * 4
+
+    if which == "ColumnParallelLinear":
+        return col(dense)
+    if which == "RowParallelLinear":
+        return row(dense)
+    if which == "ParallelMLP":
+        return col(dense.fc1) + row(dense.fc2)
+    return sum(col(getattr(dense, n)) for n in ("q_proj", "k_proj", "v_proj")) + row(dense.out_proj)
+
+
+def _probe_memory(tp, which, fn, seed):
+    _, _, t, r = _tp_group(tp)
+    spec, kwargs = MEMORY_SPECS[which]
+    spec = spec + (seed,)
+    dense = make_dense(spec)
+    dense_bytes = sum(p.numel() * 4 for p in dense.parameters())
+    hidden = dense.in_features if which.endswith("Linear") else spec[1]
+    X = _randn(seed + 3, 1, 3, hidden)
+    with torch.no_grad():
+        Y = dense(X)
+    if which == "RowParallelLinear":
+        X = X.chunk(t, -1)[r].clone()
+    want = Y.chunk(t, -1)[r] if which == "ColumnParallelLinear" else Y
+    label = f"{which}.from_dense({spec[0]} of {dense_bytes} B, group)"
+    seen, phases, rss = _observe(fn, "memory", tp, spec, kwargs, X)
+    failure = _memory_failure(label, seen, rss, _shard_bytes(which, dense, t), dense_bytes, want, r)
+    if _agree(failure):
+        return failure or ELSEWHERE
     return None

@@ -1,9 +1,9 @@
 """The parameters of a student's parallel module, recognised by value against the dense layer's shards.
 
 A parameter must equal one of the shards this rank may hold (``_col_shards``, ``_row_shards``, ``_fused``); the
-wrong splits worth naming (interleaved, the full weight, another rank's) are recognised too. Then the memory the
-module keeps alive, measured by a census of the worker process (``_memory_failure``), and each shard's gradient
-(``_grad_failure``).
+wrong splits worth naming (interleaved, the full weight, another rank's) are recognised too. Then each shard's
+gradient (``_grad_failure``). The parameters and gradients are those the driver read in the sandbox, compared here
+with the host's own shards of the dense layer.
 """
 
 from __future__ import annotations
@@ -11,12 +11,7 @@ from __future__ import annotations
 import torch
 
 from .._common import short
-from .._memory import fmt_bytes
 from .harness import _close
-
-#: Bytes a module may keep beyond its shards (a scalar or two of bookkeeping). The layers are small (the smallest
-#: dense weight drawn is 12 floats, 48 B), so a kept dense weight always shows above it.
-SLACK = 16
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -64,11 +59,15 @@ def _fused(shards, name):
                   torch.cat([s.grad for s in shards]), set().union(*(s.covers for s in shards)))
 
 
-def _match(module, shards, where):
-    """Pair every parameter of ``module`` with the shard it equals; a message when one matches none, or a shard
-    is missing. Returns (pairs, failure)."""
+def _match(params, shards, where):
+    """Pair every parameter (``params``: (name, value) of the module's parameters) with the shard it equals; a message
+    when one matches none, or a shard is missing. Returns (pairs of (name, shard), failure)."""
     pairs, covered = [], set()
-    for name, p in module.named_parameters():
+    if not isinstance(params, list):
+        return None, f"{where}: the module's parameters could not be read."
+    for name, p in params:
+        if not isinstance(p, torch.Tensor):
+            return None, f"{where}: parameter '{name}' could not be read."
         hit = next((s for s in shards if s.value.shape == p.shape and torch.equal(s.value, p.detach())), None)
         if hit is None:
             for s in shards:
@@ -83,7 +82,7 @@ def _match(module, shards, where):
         if hit.covers & covered:
             return None, f"{where}: parameter '{name}' duplicates {hit.label}, which another parameter already holds."
         covered |= hit.covers
-        pairs.append((name, p, hit))
+        pairs.append((name, hit))
     needed = set().union(*(s.covers for s in shards)) - covered
     if needed:
         return None, (f"{where}: no parameter holds {', '.join(sorted(needed))} (its shard must be an nn.Parameter "
@@ -91,37 +90,19 @@ def _match(module, shards, where):
     return pairs, None
 
 
-def _memory_failure(module, pairs, where, kept):
-    """Decided by ``kept``, the census of what the module keeps alive (see ``_built``); the module's attributes only
-    name the likely culprit in the message."""
-    from labsupport.lessons.tensor_parallel import tensor_bytes
-
-    expected = sum(p.numel() * p.element_size() for _, p, _ in pairs)
-    if kept.total <= expected + SLACK:
-        return None
-    found = tensor_bytes(module)
-    if found.total > expected + SLACK:
-        return (f"{where}: the module keeps {found.total} B of tensors, but its shards are {expected} B. Largest: "
-                f"{found.largest()}. Keep only this rank's shard: .clone() the chunk (a chunk is a view that keeps "
-                "the whole dense weight alive), and do not store the dense weight or module.")
-    return (f"{where}: the module keeps {fmt_bytes(kept.total)} of tensors alive after from_dense, "
-            f"{fmt_bytes(kept.total - expected)} beyond its shards ({fmt_bytes(SLACK)} allowed): the dense weight (or "
-            "a copy of it, or the dense module) is still held somewhere (an attribute starting with '_', a list, a "
-            f"closure) — keep only this rank's shard. Largest: {kept.largest()}.")
-
-
 def _grad_failure(pairs, t, where, hint_scaled=""):
-    for name, p, s in pairs:
-        if p.grad is None:
+    """``pairs``: (name, gradient the driver read, shard) of every parameter."""
+    for name, grad, s in pairs:
+        if grad is None:
             return (f"{where}: parameter '{name}' got no gradient. Either the autograd graph is cut between it "
                     "and the output (dist.all_gather / dist.all_reduce are not differentiable: wrap them in a "
                     "torch.autograd.Function), or it is not used on this rank (every rank adds the row-parallel "
                     "bias, after the reduction).")
-        if _close(p.grad, s.grad):
+        if _close(grad, s.grad):
             continue
         cause = ""
-        if t > 1 and _close(p.grad, s.grad * t):
+        if t > 1 and _close(grad, s.grad * t):
             cause = (f" It is {t} x the expected gradient: a gradient was all-reduced where it should not be. "
                      f"{hint_scaled}")
-        return f"{where}: gradient of '{name}' ({s.label}) is {short(p.grad)}, expected {short(s.grad)}.{cause}"
+        return f"{where}: gradient of '{name}' ({s.label}) is {short(grad)}, expected {short(s.grad)}.{cause}"
     return None
