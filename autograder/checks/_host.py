@@ -14,8 +14,6 @@ sandbox (``LABSUPPORT_SANDBOX=0``, nccl, no fork) the driver runs in the worker:
 
 from __future__ import annotations
 
-import time
-
 from labsupport import CommCounter
 
 MARK = "barrier"
@@ -39,11 +37,6 @@ class Recorder(CommCounter):
     def __init__(self):
         super().__init__()
         self.marks: list = []
-        self._opened = 0.0
-
-    def __enter__(self) -> "Recorder":
-        self._opened = time.perf_counter()  # the host's log of requests starts afresh with each task: read by time
-        return super().__enter__()
 
     def enter(self, call) -> None:
         super().enter(call)
@@ -53,30 +46,6 @@ class Recorder(CommCounter):
             memory = _sandbox.memory()
             if memory is not None:
                 self.marks.append(memory["rss"])
-
-    def __exit__(self, *exc) -> None:
-        super().__exit__(*exc)
-        self._relabel()
-
-    def _relabel(self) -> None:
-        """The host carries a reduce-scatter as an all-reduce of every chunk (``labsupport._sandbox``): its own log
-        of the requests (``record()``) names what the sandbox asked for, so the call is named by that."""
-        from labsupport import _sandbox
-
-        asked = [entry[0] for entry in _sandbox.record() if entry[3] >= self._opened]
-        calls = self.summary.calls
-        if not asked:
-            return
-        i = 0
-        for op in asked:
-            if op == "all_to_all":
-                i += 2  # the sizes first, then the data
-                continue
-            if i >= len(calls):
-                return
-            if op == "reduce_scatter" and calls[i].kind == "all_reduce":
-                calls[i].kind = "reduce_scatter"
-            i += 1
 
     def phases(self) -> list:
         """The calls between the driver's barriers: one list per phase (the barriers left out)."""
