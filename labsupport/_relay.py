@@ -195,10 +195,17 @@ class Relay(dist.ProcessGroup):
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
         op = _op_name(opts.reduceOp) if opts is not None else "SUM"
+        sizes = [t.numel() for t in input_lists[0]]
+        if len(sizes) != self._size or any(n != outputs[0].numel() for n in sizes):  # as gloo says it, on every rank
+            raise ValueError(f"reduce_scatter: the output has {outputs[0].numel()} elements and the {len(sizes)} "
+                             f"input chunks have {sizes}: give one chunk per rank, each the output's size")
         return self._async("reduce_scatter", ([raw(t) for t in input_lists[0]], op), outputs)
 
     def _reduce_scatter_base(self, output, input, opts=None):
         op = _op_name(opts.reduceOp) if opts is not None else "SUM"
+        if input.numel() != output.numel() * self._size:
+            raise ValueError(f"reduce_scatter_tensor: the input has {input.numel()} elements, not the output's "
+                             f"{output.numel()} times the group's {self._size} ranks")
         chunks = [raw(t) for t in input.reshape(-1).tensor_split(self._size)]
         flat = output.reshape(-1)
         return self._async("reduce_scatter", (chunks, op), (), lambda data: _fill(flat, data[0]))

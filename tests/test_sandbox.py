@@ -413,3 +413,15 @@ def test_the_single_tensor_collectives_go_through_the_host():
         torch.testing.assert_close(summed, (x[0] + x[1]).chunk(2)[r])
         torch.testing.assert_close(swapped, torch.cat([x[0].chunk(2)[r], x[1].chunk(2)[r]]))
         assert sorted(kind for kind, _, _ in got["calls"]) == ["all_gather", "all_to_all_single", "reduce_scatter"]
+
+
+def uneven_reduce_scatter(tensor):
+    out = torch.empty(2)
+    dist.reduce_scatter(out, list(torch.arange(5.0).chunk(dist.get_world_size())))  # 3 + 2 elements, not 2 + 2
+
+
+def test_a_collective_with_the_wrong_sizes_fails_at_once_on_every_rank():
+    """As gloo's own check does in a worker: not a deadlock of the ranks whose sizes happen to fit."""
+    with pytest.raises(labsupport.WorkerError) as info:
+        run(uneven_reduce_scatter, n=2, allow=None)
+    assert "each the output's size" in str(info.value) and "rank 0" in str(info.value) and "rank 1" in str(info.value)
