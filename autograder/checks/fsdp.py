@@ -132,12 +132,14 @@ def _refused(exc) -> str:
     """The message of a failure inside the student's call; a refused collective explained for this exercise."""
     text = str(exc)
     found = re.match(r"\S+ called torch\.distributed\.(\w+) on rank (\d+):", text)
-    if found and "after it returned" not in text:
-        return (f"MiniFSDP called torch.distributed.{found[1]} on rank {found[2]}: FSDP moves parameters with "
-                "all-gathers and gradients with reduce-scatters, nothing else (no all_reduce, reduce, broadcast or "
-                "point-to-point). A rank needs only its own shard of the summed gradient: reduce-scatter the unit's "
-                "flat gradient (half the traffic of an all-reduce) and keep no full gradient.")
-    return text
+    return _other_collective(found[1], found[2]) if found and "after it returned" not in text else text
+
+
+def _other_collective(kind: str, rank) -> str:
+    return (f"MiniFSDP called torch.distributed.{kind} on rank {rank}: FSDP moves parameters with all-gathers and "
+            "gradients with reduce-scatters, nothing else (no all_reduce, reduce, broadcast or point-to-point). A "
+            "rank needs only its own shard of the summed gradient: reduce-scatter the unit's flat gradient (half the "
+            "traffic of an all-reduce) and keep no full gradient.")
 
 
 def _shards_failure(shards, units, world: int, rank: int, expected_flats) -> str | None:
@@ -190,8 +192,12 @@ def _values_failure(shards, units, world: int, rank: int, flats, step: int) -> s
     return None
 
 
-def _traffic_failure(kinds, nbytes, units, world: int, step: int) -> str | None:
-    """Calls and bytes of one step, from the host's record (``nbytes``: what the host's own calls moved)."""
+def _traffic_failure(kinds, nbytes, units, world: int, step: int, rank: int) -> str | None:
+    """Calls and bytes of one step, from the host's record (``nbytes``: what the host's own calls moved). (In a
+    sandbox ``allow`` refuses other collectives before they go out; without one they show here.)"""
+    other = next((k for k in kinds if k not in GATHER | SCATTER), None)
+    if other is not None:
+        return f"step {step}: {_other_collective(other, rank)}"
     n_units = len(units)
     trainable = [any(p.requires_grad for _, p in params) for _, _, params in units]
     shard_bytes = [4 * math.ceil(n / world) for _, n, _ in units]
@@ -258,8 +264,8 @@ def _kept_failure(kept, allowed: int, margin: float, rank: int, world: int, when
     return (f"{when} rank {rank}'s process keeps {fmt_bytes(kept)} more than before the model was made, "
             f"{fmt_bytes(kept - allowed)} beyond its shards ({fmt_bytes(allowed)} with their optimizer state and "
             f"the copy it returned, total/{world} plus padding each; {fmt_bytes(margin)} allowed for noise), as the "
-            "kernel counts its memory: expected its shards only. Full-size parameters (or copies of them) are still held "
-            f"somewhere (an attribute, a class attribute, a global, a closure, a list, another library's buffer). "
+            "kernel counts its memory: expected its shards only. Full-size parameters (or copies of them) are still "
+            "held somewhere (an attribute, a class attribute, a global, a closure, a list, another library's buffer). "
             f"{advice}")
 
 
@@ -320,7 +326,7 @@ def _probe(fn, start, seed: int, big: bool, rows: int, kwargs: dict, extra_units
                 failure = f"step {step}: {_refused(exc)}"
             if failure is None:
                 kinds = carried.kinds()
-                failure = _traffic_failure(kinds, [b for _, b, _ in carried.calls], units, world, step)
+                failure = _traffic_failure(kinds, [b for _, b, _ in carried.calls], units, world, step, rank)
             if failure is None and base is not None:
                 failure = _forward_failure(carried, kinds, before, in_forward, model_bytes * NOISE_FORWARD, rank,
                                            step, parts)
