@@ -4,16 +4,23 @@ The implementations are written the way a student might write them. Correct alte
 autograd Function that all-gathers forward and reduce-scatters backward, storage freed with ``resize_(0)``, regathered
 from a hook on the unit's output), the list forms of the collectives, a ``register_full_backward_pre_hook``
 for the regather, the gathered flat parameter as a leaf with a post-accumulate-grad hook (no custom Function), saved-tensor hooks that save a handle instead of the gathered weight (nothing to free), and a
-prefetching one (the stretch). Bugs: gathered parameters never freed, references dropped but the storage kept alive
-by autograd (so no re-gather in backward), an all-reduce instead of a reduce-scatter, shards without padding,
-gradients summed instead of averaged, a frozen parameter trained, plain replicated DDP, and a replicated DDP dressed
-up with the right shards (which only the memory measurement catches), with its replicas kept where no walk from the
-wrapper leads (a class attribute), or the original parameters kept in a global (which only the census catches).
+prefetching one (the stretch), and one with a student's habits (prints, a printed traceback, a cached helper). Bugs:
+gathered parameters never freed, references dropped but the storage kept alive by autograd (so no re-gather in
+backward), an all-reduce instead of a reduce-scatter, shards without padding, gradients summed instead of averaged, a
+frozen parameter trained, plain replicated DDP, and a replicated DDP dressed up with the right shards (which only the
+memory measurement catches), with its replicas kept where no walk from the wrapper leads (a class attribute), or the
+original parameters kept in a global. Cheats, each written as a student would: units in a class carrying the flag
+the lesson's memory meter skips, full parameters kept in numpy with a one-element all-gather as the re-gather, a
+reduce and a broadcast instead of the reduce-scatter, an all-reduce in 8-byte pieces. The class runs in grading's
+sandbox: memory is read by the host from /proc, traffic from the host's own record.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import sys
+import traceback
 
 import pytest
 import torch
@@ -347,9 +354,9 @@ def test_correct_implementations_pass(impl):
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("impl, expected", [
-    (NeverFreed, "bytes of parameters at once"),
+    (NeverFreed, "during forward"),
     (DropsReferencesOnly, "all-gather call(s)"),
-    (AllReduceGradients, "all_reduce call(s)"),
+    (AllReduceGradients, "torch.distributed.all_reduce"),
     (NoPadding, "pad the flat parameter"),
     (NotAveraged, "divide it by the world size"),
     (TrainsFrozen, "This parameter is frozen"),
@@ -359,6 +366,113 @@ def test_correct_implementations_pass(impl):
     (OriginalsInAGlobal, "beyond its shards"),
 ])
 def test_bugs_fail(impl, expected):
+    with pytest.raises(AssertionError) as err:
+        check_MiniFSDP(impl)
+    assert expected in str(err.value), str(err.value)
+
+
+# --- a student's habits: they cost nothing -------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def _chunk_of(numel, world):
+    return -(-numel // world)
+
+
+class FSDPWithHabits(FSDPOk):
+    """Correct, with a student's habits: progress printed to stderr, a traceback printed in an except, a cached
+    helper."""
+
+    def padded(self, numel):
+        return _chunk_of(numel, self.world)
+
+    def make_unit(self, params):
+        try:
+            dtype = {p.dtype for *_, p in params}.pop()
+            if dtype != torch.float32:
+                raise TypeError(f"unexpected {dtype}")
+        except TypeError:
+            traceback.print_exc()
+        print(f"rank {self.rank}: a unit of {sum(p.numel() for *_, p in params)} values", file=sys.stderr)
+        return super().make_unit(params)
+
+
+def test_a_students_habits_pass():
+    check_MiniFSDP(FSDPWithHabits)
+
+
+# --- cheats: each loses the points ---------------------------------------------------------------------------------
+
+
+class HiddenUnit(dict):
+    _fsdp_probe = True  # the lesson's ParamMemory walks past objects with this flag
+
+
+class KeepsUnitsBehindTheMeter(FSDPOk):
+    """Frees a unit after its forward, as the meter watches; after backward keeps it gathered in a unit the meter
+    skips, so between steps the rank holds the whole model."""
+
+    def make_unit(self, params):
+        return HiddenUnit(super().make_unit(params))
+
+    def after_forward(self, unit, out):
+        unit["full"].untyped_storage().resize_(0)
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            out.register_hook(lambda grad: self.regather(unit))
+
+    def free(self, unit):
+        pass
+
+
+class FullCopyInNumpy(FSDPOk):
+    """Keeps each unit's full parameters in numpy from its forward gather; the 're-gather' before backward is a
+    one-element all-gather (the call count looks right), the values come from numpy."""
+
+    def before_forward(self, unit):
+        self.current = unit
+        super().before_forward(unit)
+
+    def all_gather(self, out, shard):
+        super().all_gather(out, shard)
+        self.current["numpy"] = out.clone().numpy()
+
+    def regather(self, unit):
+        storage = unit["full"].untyped_storage()
+        if storage.nbytes() == 0:
+            storage.resize_(unit["full"].numel() * 4)
+            token = torch.empty(self.world)
+            dist.all_gather_into_tensor(token, unit["shard"].detach()[:1], group=self.group)
+            torch.empty(0).set_(storage).copy_(torch.from_numpy(unit["numpy"]))
+
+
+class ReduceThenBroadcast(FSDPOk):
+    """The gradient reduced to rank 0 and broadcast back, each rank keeping its slice."""
+
+    def reduce_scatter(self, out, full_grad):
+        total = full_grad.clone()
+        dist.reduce(total, dst=0, group=self.group)
+        dist.broadcast(total, src=0, group=self.group)
+        out.copy_(total.chunk(self.world)[self.rank])
+
+
+class AllReduceInPieces(FSDPOk):
+    """The gradient all-reduced 8 bytes at a time (no call large enough to look like an all-reduce of it)."""
+
+    def reduce_scatter(self, out, full_grad):
+        total = full_grad.clone()
+        for piece in total.split(2):
+            dist.all_reduce(piece, group=self.group)
+        out.copy_(total.chunk(self.world)[self.rank])
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("impl, expected", [
+    (KeepsUnitsBehindTheMeter, "after step 0 rank"),
+    (FullCopyInNumpy, "the all-gathers carried"),
+    (ReduceThenBroadcast, "torch.distributed.reduce on rank"),
+    (AllReduceInPieces, "torch.distributed.all_reduce on rank"),
+])
+def test_cheats_lose_the_points(impl, expected):
     with pytest.raises(AssertionError) as err:
         check_MiniFSDP(impl)
     assert expected in str(err.value), str(err.value)
@@ -443,3 +557,4 @@ def test_probe_model_pads_for_every_world_size():
         for world in (2, 3, 4):
             assert sum(n % world != 0 for _, n, _ in units) >= 2
         assert not checks._make_model(seed).norm.bias.requires_grad
+
