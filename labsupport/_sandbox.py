@@ -257,8 +257,9 @@ def cpu_seconds() -> float | None:
 
 
 def memory() -> dict | None:
-    """This worker's sandbox's memory as the kernel counts it, read from ``/proc`` (bytes): ``rss`` now and
-    ``peak`` (the high-water mark since the last ``reset_peak``); None without one."""
+    """This worker's sandbox's memory as the kernel counts it, read from ``/proc`` (bytes): ``rss`` now, ``peak``
+    (the high-water mark since the last ``reset_peak``) and ``data`` (resident anonymous and shared memory: what
+    tensors and objects hold, without the code pages loaded on first use); None without one."""
     return _HOST[0].memory() if _HOST and _HOST[0].alive() else None
 
 
@@ -386,7 +387,9 @@ class _Host:
         try:
             with open(f"/proc/{self.pid}/status") as fh:
                 fields = dict(line.split(":", 1) for line in fh if ":" in line)
-            return {"rss": int(fields["VmRSS"].split()[0]) * 1024, "peak": int(fields["VmHWM"].split()[0]) * 1024}
+            kib = {k: int(v.split()[0]) for k, v in fields.items() if k.startswith(("Vm", "Rss"))}
+            return {"rss": kib["VmRSS"] * 1024, "peak": kib["VmHWM"] * 1024,
+                    "data": (kib.get("RssAnon", kib["VmRSS"]) + kib.get("RssShmem", 0)) * 1024}
         except (OSError, KeyError, ValueError):
             return None
 
@@ -513,6 +516,7 @@ class _Host:
                 work = dist.irecv(t, peer, group=group, tag=tag)
         else:
             work, outputs, peer = self._collective(kind, args, group, ranks, me)
+            nbytes = _sent_bytes(kind, args)
         entry = [op, peer, nbytes, posted, None, cpu_posted, None]
         self.log.append(entry)
         if blocking:
@@ -577,6 +581,13 @@ class _Host:
         if kind == "barrier":
             return dist.barrier(group=group, async_op=True), None, None
         raise RuntimeError(f"torch.distributed call {kind} is not available in grading")
+
+
+def _sent_bytes(kind: str, args) -> int:
+    """The bytes of the tensors a collective request hands over (what this rank contributes)."""
+    first = args[0] if args else None
+    items = first if isinstance(first, list) else [first]
+    return sum(len(x[2]) for x in items if isinstance(x, tuple) and len(x) == 3 and isinstance(x[2], bytes))
 
 
 class _Then:
@@ -832,3 +843,4 @@ def _serve_calls(link: _Link) -> None:
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         link.send(("result", status, plain[0], plain[1], plain[2], text))
+        del value, plain, args, kwargs  # nothing of this call stays alive in the sandbox while it waits for the next

@@ -349,6 +349,7 @@ def holds(mib):
 def peak_of(fn, mib):
     from labsupport import _sandbox
 
+    fn(0)  # the sandbox starts at its first call
     _sandbox.reset_peak()
     before = _sandbox.memory()
     fn(mib)
@@ -359,6 +360,7 @@ def peak_of(fn, mib):
 def test_the_host_reads_the_sandboxs_memory():
     [(before, after)] = labsupport.run(peak_of, sandboxed(holds, "holds"), 200, world_size=1)
     assert after["rss"] - before["rss"] >= 190 * 2**20 and after["peak"] >= after["rss"]
+    assert after["data"] - before["data"] >= 190 * 2**20
 
 
 class Accumulator:  # a student's class: its state lives in the sandbox from call to call of the driver
@@ -425,3 +427,15 @@ def test_a_collective_with_the_wrong_sizes_fails_at_once_on_every_rank():
     with pytest.raises(labsupport.WorkerError) as info:
         run(uneven_reduce_scatter, n=2, allow=None)
     assert "each the output's size" in str(info.value) and "rank 0" in str(info.value) and "rank 1" in str(info.value)
+
+
+def recorded(fn):
+    from labsupport import _sandbox
+
+    fn(torch.arange(6, dtype=torch.float32))
+    return [(kind, nbytes) for kind, _, nbytes, *_ in _sandbox.record()]
+
+
+def test_the_hosts_log_names_each_request_and_the_bytes_it_handed_over():
+    for got in labsupport.run(recorded, sandboxed(tensor_forms, "tensor_forms"), world_size=2):
+        assert got == [("all_gather", 24), ("reduce_scatter", 24), ("all_to_all", 24)], got

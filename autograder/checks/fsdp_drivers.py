@@ -165,28 +165,12 @@ def _release_freed_memory() -> None:
         pass
 
 
-def _complete_relay() -> None:
-    """In a sandbox, the flat collectives under torch's newer method names (torch 2.13 calls a process group's
-    ``all_gather_single``/``reduce_scatter_single``; the relay group answers to their former names)."""
-    import torch.distributed as dist
-
-    try:
-        relay = type(dist.distributed_c10d._get_default_group())
-    except Exception:
-        return
-    if relay.__module__.endswith("_relay"):
-        for new, old in (("all_gather_single", "_allgather_base"), ("reduce_scatter_single", "_reduce_scatter_base")):
-            if new not in vars(relay) and old in vars(relay):
-                setattr(relay, new, vars(relay)[old])
-
-
 def scene(MiniFSDP, op: str, *args):
     import gc
 
     import torch.distributed as dist
 
     state = _scene()
-    _complete_relay()
     if op == "build":
         seed, sizes, rows, steps, kwargs = args
         state.clear()
