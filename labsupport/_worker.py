@@ -358,6 +358,5 @@ def main(conn, stack_file: str, board_file: str | None = None) -> None:
         elif msg[0] == "finish":
             _finish()
         elif msg[0] == "ping":  # answered in order, after any "finish" sent before it
-            from . import _sandbox
-
-            _send(conn, ("pong", dist.is_initialized(), _sandbox.pid()))
+            sandbox = sys.modules.get(f"{__package__}._sandbox")  # loaded once a check used one (no import here)
+            _send(conn, ("pong", dist.is_initialized(), sandbox.pid() if sandbox else None))
