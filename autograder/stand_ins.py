@@ -25,7 +25,7 @@ def _plain(value, depth: int = 0):
         return {_plain(k, depth + 1): _plain(v, depth + 1) for k, v in value.items()}
     if kind is range or kind is slice:
         return value
-    if kind.__name__ == "Unplain" and kind.__module__ == "labsupport._sandbox":  # described by the sandbox
+    if kind.__name__ == "Unplain" and kind.__module__ == "labsupport._plain":  # described by the sandbox
         raise TypeError(f"an object of type {value.kind}")
     mod = kind.__module__.split(".")[0]
     if mod in ("torch", "numpy") and kind.__name__ in ("Tensor", "ndarray", "dtype", "device", "Size", "float64",

@@ -28,7 +28,8 @@ def display_name(filename: str) -> str:
 _CORE_FILES = frozenset(
     f"{name}.py"
     for name in ("_worker", "_callboard", "_board", "_pool", "_output", "_call", "_env", "_frames", "launch", "magics",
-                 "tap", "comm", "timeline", "errors", "_sandbox", "_relay")
+                 "tap", "comm", "timeline", "errors", "_sandbox", "_sandbox_host", "_sandbox_child", "_plain",
+                 "_relay")
 )
 
 

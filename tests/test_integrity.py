@@ -305,7 +305,7 @@ def _solutions(aid: str) -> dict:
 
     course = Course.at(Path(__file__).resolve().parent.parent)
     nb = nbformat.read(course.solutions / aid / f"{aid}.ipynb", as_version=4)
-    namespace = {}
+    namespace = {"__name__": "__main__"}  # as in the judge: the answers' module is the main one
     for cell in nb.cells:
         meta = cell.metadata.get("nbgrader", {})
         if meta.get("grade_id") == "setup":
@@ -331,19 +331,30 @@ def test_tensor_parallel_answer_that_patches_torch_is_refused():
     TP.check_reduce_from_tp(_solutions("04_tensor_parallel")["reduce_from_tp"])
 
 
-def test_zero_answer_that_reads_the_checks_frames_is_refused():
-    """06: a correct ShardedOptimizer whose step looks at the frame that called it."""
+def test_zero_answer_that_reads_the_checks_frames_finds_only_the_driver():
+    """06: the optimizer runs in the sandbox, where the frames above its step are the grader's driver's: nothing of
+    the check is there. A step that peeks and keeps its answer right is graded as right; one that peeks and skips
+    the update loses the points on the host's own comparison."""
     from autograder.checks import zero as Z
 
+    peek = ("import inspect\n"
+            "def _peek():\n"
+            "    frame = inspect.currentframe().f_back.f_back\n"
+            "    while frame is not None:\n"
+            "        frame.f_locals.pop('expected', None)\n"
+            "        frame = frame.f_back\n")
     namespace = _solutions("06_zero")
-    exec(compile("class Peeking(ShardedOptimizer):\n"
+    exec(compile(peek + "class Peeking(ShardedOptimizer):\n"
                  "    def step(self, *args, **kwargs):\n"
-                 "        import inspect\n"
-                 "        inspect.currentframe().f_back\n"
-                 "        return super().step(*args, **kwargs)\n", "<student code: cheat>", "exec"), namespace)
+                 "        _peek()\n"
+                 "        return super().step(*args, **kwargs)\n"
+                 "class PeekingIdle(ShardedOptimizer):\n"
+                 "    def step(self, *args, **kwargs):\n"
+                 "        _peek()\n", "<student code: cheat>", "exec"), namespace)
+    Z.check_ShardedOptimizer(namespace["Peeking"])
     with pytest.raises(AssertionError) as info:
-        Z.check_ShardedOptimizer(namespace["Peeking"])
-    assert str(info.value).startswith(REFUSED) and "frame" in str(info.value), str(info.value)
+        Z.check_ShardedOptimizer(namespace["PeekingIdle"])
+    assert "differs from the unsharded" in str(info.value) or "step" in str(info.value), str(info.value)
 
 
 STORE_RING = '''
