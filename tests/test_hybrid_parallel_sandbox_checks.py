@@ -111,6 +111,6 @@ def combine_with_habits(expert_outputs, expert_of_token, num_experts):
     return result
 
 
-def test_honest_habits_pass():
+def test_honest_habits_are_accepted():
     check_dispatch_tokens(dispatch_with_habits)
     check_combine_tokens(combine_with_habits)

@@ -99,5 +99,5 @@ def mrs_with_habits(x, weight_shard, group=None):
     return acc
 
 
-def test_honest_habits_pass():
+def test_honest_habits_are_accepted():
     check_matmul_reduce_scatter(mrs_with_habits)

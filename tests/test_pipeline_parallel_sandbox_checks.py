@@ -143,5 +143,5 @@ def run_with_habits(stage_module, schedule, microbatches, targets, loss_fn):
     return total if nxt is None else None
 
 
-def test_honest_habits_pass():
+def test_honest_habits_are_accepted():
     check_run_pipeline(run_with_habits, world_sizes=(2, 3))
