@@ -322,7 +322,7 @@ class ReplicatedWithShards(FSDPOk):
 
 class ReplicaOnTheClass(FSDPOk):
     """As ReplicatedWithShards, but the replicas are kept in a list on the class, where no walk from the wrapper
-    leads: only the census of the worker's memory tells."""
+    leads: only the sandbox's memory, read by the host from /proc, tells."""
 
     replicas = []
 

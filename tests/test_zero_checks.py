@@ -274,8 +274,8 @@ class Zero1OnlyOwnerCalls(Zero1ByParam):
 
 
 # Answers that keep the full optimizer state where the object's attributes do not lead (a decoy optimizer with no
-# state in the attribute): right weights, 2Ψ moved, nothing wrong in the attributes. The census of the worker's
-# memory finds the state.
+# state in the attribute): right weights, 2Ψ moved, nothing wrong in the attributes. The sandbox's memory, read
+# by the host from /proc, finds the state.
 
 def _decoy(optimizer_cls, kwargs):
     return optimizer_cls([torch.zeros(1, requires_grad=True)], **kwargs)

@@ -39,7 +39,7 @@ import re
 import torch
 
 from ._common import draw_seed, in_sandbox, run_on_workers, short, tolerance
-from ._memory import fmt_bytes
+from ._host import fmt_bytes
 from .fsdp_drivers import LR, MOMENTUM, ProbeNet, draw_sizes, make_data, make_model, ping, scene, unit_layout
 from .fsdp_traffic import check_traffic_per_step, expected_traffic
 
