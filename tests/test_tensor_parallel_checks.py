@@ -699,10 +699,10 @@ class AttentionNoCheck(AttentionOK):
             divisible = saved
 
 
-class AttentionDenseInList(AttentionOK):     # the dense q projection kept inside a plain list
-    def __init__(self, attn, group):
+class AttentionDenseInList(AttentionOK):     # two dense projections kept inside a plain list
+    def __init__(self, attn, group):            # (half the dense module: well past the check's quarter allowance)
         super().__init__(attn, group)
-        self.spare = [attn.q_proj]
+        self._spare = [attn.q_proj, attn.k_proj]
 
 
 class AttentionWholeWorld(AttentionOK):       # ignores group: shards over every rank
