@@ -239,3 +239,32 @@ def test_loader_draws_leaves_the_callers_random_state():
     before = torch.get_rng_state()
     lesson.loader_draws([1, 0], seed=3, num_workers=0)
     assert torch.equal(before, torch.get_rng_state())
+
+
+def test_the_notebooks_workdir_goes_when_its_process_exits(tmp_path):
+    code = ("import os\nfrom labsupport.lessons import production as lesson\n"
+            "path = lesson.workdir()\nopen(os.path.join(path, 'ckpt.pt'), 'wb').write(b'x')\nprint(path)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, TMPDIR=str(tmp_path)))
+    assert proc.returncode == 0, proc.stderr
+    made = proc.stdout.split()[-1]
+    assert made.startswith(str(tmp_path)) and "course09-" in made, made
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_torchrun_leaves_no_folder_of_its_agent(tmp_path, monkeypatch):
+    """torchrun's agent makes a log folder in the temporary folder for every run (``torchelastic_*``); the lesson's
+    ``torchrun`` gives it one of its own, removed afterwards."""
+    script = tmp_path / "hello.py"
+    script.write_text("import os\nprint('rank', os.environ['RANK'])\n")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)   # read TMPDIR again
+    proc = lesson.torchrun(str(script), nproc=2, max_restarts=0, timeout=120)
+    assert proc.returncode == 0, proc.stdout
+    assert "rank 0" in proc.stdout and "rank 1" in proc.stdout, proc.stdout
+    assert list(tmp.iterdir()) == []

@@ -146,6 +146,7 @@ def torchrun_two_fake_nodes(nproc_per_node: int = 2, timeout: float = 180) -> li
         env.setdefault("GLOO_SOCKET_IFNAME", loopback[0])
     seen = []
     with tempfile.TemporaryDirectory(prefix="torchrun-demo-") as workdir:
+        env["TMPDIR"] = workdir   # the agents' own temporary files (their log folders) go with it
         with open(os.path.join(workdir, "show_env.py"), "w") as fh:
             fh.write(TORCHRUN_SCRIPT)
         port, agents = _free_port(), []

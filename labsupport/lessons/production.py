@@ -20,6 +20,7 @@ the student's function as an argument.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import math
@@ -29,12 +30,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
 import torch.nn as nn
 
-__all__ = ["RestartNet", "train_run", "write_restart_script", "torchrun", "read_log", "plot_restart",
+__all__ = ["workdir", "RestartNet", "train_run", "write_restart_script", "torchrun", "read_log", "plot_restart",
            "PeakMemory", "tensor_bytes", "dir_bytes", "plot_sampling", "seconds_lost",
            "AugmentedSamples", "loader_draws", "resumed_reads", "evaluation_on_ranks",
            "ACCUMULATION_WAYS", "accumulation_step", "async_save_demo",
@@ -180,9 +182,17 @@ def write_restart_script(directory: str) -> str:
     return path
 
 
+def workdir(prefix: str = "course09-") -> str:
+    """A new temporary folder for this notebook's checkpoints and logs, removed when the kernel exits."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
 def torchrun(script: str, *args: str, nproc: int = 2, max_restarts: int = 2, timeout: float = 180.0):
     """Run ``torchrun --standalone --nproc-per-node NPROC --max-restarts R script args`` and wait for it; return
-    the ``subprocess.CompletedProcess`` (its output in ``stdout``)."""
+    the ``subprocess.CompletedProcess`` (its output in ``stdout``). The agent's own temporary files (its log
+    folders) go to a folder removed afterwards."""
     exe = os.path.join(os.path.dirname(sys.executable), "torchrun")
     cmd = [exe] if os.path.exists(exe) else [sys.executable, "-m", "torch.distributed.run"]
     cmd += ["--standalone", "--nproc-per-node", str(nproc), "--max-restarts", str(max_restarts),
@@ -190,8 +200,10 @@ def torchrun(script: str, *args: str, nproc: int = 2, max_restarts: int = 2, tim
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
-    return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
-                          env=env)
+    with tempfile.TemporaryDirectory(prefix="torchrun-") as tmp:
+        env["TMPDIR"] = tmp
+        return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
+                              env=env)
 
 
 def read_log(workdir: str) -> list[dict]:
