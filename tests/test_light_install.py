@@ -1,12 +1,18 @@
-"""The light install is enough: what `%pip install git+URL` puts into a Colab or Kaggle kernel (the package without
-extras: labsupport and its lessons, matplotlib, cloudpickle, psutil, numpy) runs every release notebook and every
-demo from top to bottom.
+"""The light install is enough: what `%pip install git+URL` of the student edition puts into a Colab or Kaggle
+kernel (the package without extras: labsupport and its lessons, matplotlib, cloudpickle, psutil, numpy) runs every
+release notebook and every demo of the edition from top to bottom, with only the edition's own packages importable.
 
 One fresh virtual environment for the session, without this Python's site-packages: torch (a CPU build, the torch a
 runtime already has), then the course package built from this tree as pip builds it from a git address, then only
-ipykernel and nbclient, to execute the notebooks the way a runtime's own kernel would. Each notebook runs as *Run
-All* runs it, in a copy of its folder: an exercise not written yet says so at its visible test and the notebook goes
-on; any error (a missing module above all) fails the test.
+ipykernel and nbclient, to execute the notebooks the way a runtime's own kernel would. The installed package holds
+every module and file of the tree's packages, and each of its modules imports there.
+
+The notebooks are those of a student edition (``python -m autograder student-edition``), run with its folder first
+on the path, as a student's clone or install of it gives: a first cell proves that ``labsupport`` and
+``autograder`` come from the edition and that the edition has no grader's checks. Each notebook runs as *Run All*
+runs it, in a copy of its folder, two at a time (one per core): an exercise not written yet says so at its visible
+test and the notebook goes on; any error (a missing module above all) fails the test. Where no CPU build of torch
+can be installed into a fresh environment, the notebooks run with this Python instead, still in the edition.
 """
 
 import json
@@ -15,9 +21,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+import demo_submissions as demo  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").glob("*/*.ipynb") if p.parent.name == p.stem)
@@ -37,13 +47,14 @@ from nbclient.exceptions import CellExecutionError
 
 path = sys.argv[1]
 nb = nbformat.read(path, as_version=4)
+nb.cells.insert(0, nbformat.v4.new_code_cell(sys.argv[3]))
 start = time.monotonic()
 error = None
 try:
     NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": sys.argv[2]}}).execute()
 except CellExecutionError as exc:
     error = str(exc)[-4000:]
-text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+text = "".join(o.get("text", "") for c in nb.cells[1:] if c.cell_type == "code" for o in c.outputs)
 print(json.dumps({"error": error, "seconds": time.monotonic() - start, "text": text[-20000:],
                   "skipped": text.count("Its visible test is skipped and the notebook goes on")}))
 """
@@ -74,21 +85,39 @@ def _torch_wheel_is_cpu(python: Path, env: dict, spec: str) -> bool:
     return not any(r.lower().startswith(("nvidia-", "cuda-")) for r in meta.get("requires_dist") or [])
 
 
+class Light:
+    """The session's environment: ``python`` and ``env`` of the fresh virtual environment (None where no CPU build of
+    torch could go into it: ``why``), ``counts`` and ``added`` (what the light install brought), and ``edition``, a
+    student edition written in the same folder."""
+
+    def __init__(self, root: Path):
+        self.root, self.python, self.env, self.counts, self.added, self.why = root, None, None, {}, set(), ""
+        self.edition = root / "edition"
+        proc = demo.cli("student-edition", self.edition)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    def need_venv(self):
+        if self.python is None:
+            pytest.skip(self.why)
+
+
 @pytest.fixture(scope="session")
 def light():
-    """(python, env, root, counts, names added by the light install) of the fresh environment with torch, the light
-    install, ipykernel and nbclient. Its folder is its own, not pytest's temporary folders, which another pytest
+    """The ``Light`` of this session. Its folder is its own, not pytest's temporary folders, which another pytest
     run on the machine may remove meanwhile."""
     root = Path(tempfile.mkdtemp(prefix="course-light-"))
     try:
-        yield _light_env(root)
+        found = Light(root)
+        _light_env(found)
+        yield found
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _light_env(root: Path):
+def _light_env(found: Light) -> None:
     import torch
 
+    root = found.root
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     python = venv / "bin" / "python"
@@ -99,8 +128,9 @@ def _light_env(root: Path):
                JUPYTER_RUNTIME_DIR=str(root / "jupyter" / "runtime"), MPLBACKEND="Agg", TMPDIR=str(root))
     torch_spec = "torch==" + torch.__version__.split("+")[0]
     if not _torch_wheel_is_cpu(python, env, torch_spec):
-        pytest.skip(f"the configured package indexes offer no CPU build for {torch_spec} (it would be a multi-GB CUDA "
-                    "download)")
+        found.why = (f"the configured package indexes offer no CPU build for {torch_spec} (it would be a multi-GB CUDA "
+                     "download)")
+        return
     _pip(python, env, torch_spec)
     with_torch = _pip_names(python, env)
 
@@ -109,16 +139,12 @@ def _light_env(root: Path):
         ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", "grading-out"))
     _pip(python, env, "-c", str(_pin(root, python, env)), str(src))
     light_names = _pip_names(python, env)
-    report = root / "full.json"  # what the lab and test extras would add on top
-    _pip(python, env, "--dry-run", "--report", str(report), "-c", str(root / "torch-pin.txt"), f"{src}[lab,test]")
-    full = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
     _pip(python, env, "ipykernel", "nbclient")
-    counts = {"torch alone": len(with_torch), "light install": len(light_names),
-              "added by the light install": sorted(light_names - with_torch),
-              "with ipykernel and nbclient": len(_pip_names(python, env)),
-              "with the lab and test extras": len(light_names | full)}
-    print(f"\nlight install: {counts}")
-    return python, env, root, counts, light_names - with_torch
+    found.counts = {"torch alone": len(with_torch), "light install": len(light_names),
+                    "added by the light install": sorted(light_names - with_torch),
+                    "with ipykernel and nbclient": len(_pip_names(python, env))}
+    print(f"\nlight install: {found.counts}")
+    found.python, found.env, found.added = python, env, light_names - with_torch
 
 
 def _pin(root: Path, python: Path, env: dict) -> Path:
@@ -131,7 +157,8 @@ def _pin(root: Path, python: Path, env: dict) -> Path:
 
 
 def test_the_light_install_brings_none_of_the_labs_packages(light):
-    python, env, root, counts, added = light
+    light.need_venv()
+    python, env, root, counts, added = light.python, light.env, light.root, light.counts, light.added
     assert "distributed-training-course" in added and "matplotlib" in added and "torch" not in added, counts
     assert not added & LAB_PACKAGES, sorted(added & LAB_PACKAGES)
     assert len(added) < 25, counts  # the package, matplotlib and their few dependencies
@@ -140,17 +167,90 @@ def test_the_light_install_brings_none_of_the_labs_packages(light):
     assert probe.returncode == 0 and str(root / "venv") in probe.stdout, probe.stdout + probe.stderr
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS + DEMOS, ids=lambda p: p.stem)
-@pytest.mark.timeout(1800)
-def test_notebook_runs_with_the_light_install_alone(light, path):
-    python, env, root, counts, added = light
-    work = root / "run" / path.parent.name
-    shutil.copytree(path.parent, work, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"),
-                    dirs_exist_ok=True)
-    proc = subprocess.run([str(python), "-c", DRIVER, str(work / path.name), str(work)], env=env, cwd=work,
-                          capture_output=True, text=True, timeout=1700)
+MODULES = """
+import importlib, importlib.metadata, json, pkgutil, labsupport
+files = sorted(str(f) for f in importlib.metadata.files("distributed-training-course")
+               if str(f).startswith(("labsupport/", "autograder/")) and str(f).endswith(".py"))
+failed = {}
+for info in pkgutil.walk_packages(labsupport.__path__, "labsupport."):
+    try:
+        importlib.import_module(info.name)
+    except Exception as exc:
+        failed[info.name] = f"{type(exc).__name__}: {exc}"
+print(json.dumps({"files": files, "failed": failed, "at": labsupport.__file__}))
+"""
+
+
+def test_the_installed_package_holds_every_module_and_each_imports(light):
+    """What pip built from the tree holds every Python file git tracks in ``labsupport`` and ``autograder``, and every
+    module of ``labsupport`` imports with the light install's packages alone (the notebooks below run from the
+    edition's copy of the same files)."""
+    light.need_venv()
+    proc = subprocess.run([str(light.python), "-c", MODULES], env=light.env, cwd=light.root, capture_output=True,
+                          text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert str(light.root / "venv") in found["at"], found["at"]
+    tracked = subprocess.run(["git", "ls-files", "labsupport", "autograder"], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout.split()
+    want = sorted(f for f in tracked if f.endswith(".py"))
+    assert found["files"] == want, sorted(set(want) ^ set(found["files"]))
+    assert not found["failed"], found["failed"]
+
+
+NO_EDITABLE_FINDER = ("import sys\n"
+                      "sys.meta_path[:] = [f for f in sys.meta_path if '__editable__' not in getattr(f, '__module__', '')]\n")
+
+
+def _probe(edition: Path) -> str:
+    """The first cell of every run: only the edition's packages are importable, and it has no grader's checks."""
+    return (NO_EDITABLE_FINDER + "import importlib.util, labsupport, autograder\n"
+            f"assert labsupport.__file__.startswith({str(edition)!r}), labsupport.__file__\n"
+            f"assert autograder.__file__.startswith({str(edition)!r}), autograder.__file__\n"
+            "assert importlib.util.find_spec('autograder.checks') is None\n")
+
+
+def _in_edition(edition: Path, path: Path) -> Path:
+    return edition / ("demos" if path.parent.name == "demos" else "notebooks") / (
+        path.name if path.parent.name == "demos" else f"{path.stem}/{path.name}")
+
+
+@pytest.fixture(scope="module")
+def runs(light):
+    """{notebook stem: what the driver printed, or the reason it failed}: every release notebook and demo of the
+    edition, run two at a time, each in a copy of its folder."""
+    python = light.python or Path(sys.executable)
+    if light.python is not None:
+        env = dict(light.env)
+    else:  # this Python, as a student's own environment with the lab extras would run them
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("LABSUPPORT", "NBGRADER"))}
+        env.update(MPLBACKEND="Agg")
+    env["PYTHONPATH"] = str(light.edition)
+
+    def run(path: Path):
+        src = _in_edition(light.edition, path)
+        work = light.root / "run" / path.stem
+        if path.parent.name == "demos":
+            work.mkdir(parents=True)
+            shutil.copyfile(src, work / src.name)
+        else:
+            shutil.copytree(src.parent, work, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+        proc = subprocess.run([str(python), "-c", DRIVER, str(work / src.name), str(work), _probe(light.edition)],
+                              env=env, cwd=work, capture_output=True, text=True, timeout=1700)
+        if proc.returncode != 0:
+            return proc.stdout[-3000:] + proc.stderr[-3000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    paths = NOTEBOOKS + DEMOS
+    with ThreadPoolExecutor(2) as pool:
+        return dict(zip((p.stem for p in paths), pool.map(run, paths)))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS + DEMOS, ids=lambda p: p.stem)
+@pytest.mark.timeout(2400)   # the first one waits for all the runs
+def test_notebook_runs_with_the_light_install_alone(runs, path):
+    result = runs[path.stem]
+    assert isinstance(result, dict), result
     assert result["error"] is None, f"{path.name} stopped with the light install:\n{result['error']}"
     if path.parent.name == "demos":
         assert "the workers run gloo on the CPU" in result["text"] or "GPU" in result["text"]
