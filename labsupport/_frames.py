@@ -29,7 +29,7 @@ _CORE_FILES = frozenset(
     f"{name}.py"
     for name in ("_worker", "_callboard", "_board", "_pool", "_output", "_call", "_env", "_frames", "launch", "magics",
                  "tap", "comm", "timeline", "errors", "_sandbox", "_sandbox_host", "_sandbox_child", "_plain",
-                 "_relay")
+                 "_relay", "_driving")
 )
 
 

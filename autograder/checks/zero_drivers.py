@@ -11,11 +11,12 @@ is what is alive.
 
 from __future__ import annotations
 
-import gc
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+
+from labsupport._driving import settle
 
 ROWS = 12  # divisible by 2, 3 and 4
 D_IN, D_OUT = 10, 3
@@ -73,17 +74,6 @@ def data(seed: int, steps: int, big: bool = False):
 
 def loss(model, x, y):
     return ((model(x) - y) ** 2).mean()
-
-
-def settle() -> None:
-    """Free what is garbage and give the free heap back to the system: the resident size is then what is alive."""
-    gc.collect()
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).malloc_trim(0)
-    except Exception:  # not glibc: the reading keeps what the allocator holds
-        pass
 
 
 def _mark() -> None:

@@ -11,11 +11,12 @@ scenario of an exercise.
 from __future__ import annotations
 
 import copy
-import gc
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+
+from labsupport._driving import settle
 
 
 def _tp_group(tp: int):
@@ -25,17 +26,6 @@ def _tp_group(tp: int):
         return None
     groups = [dist.new_group(list(range(i, i + tp))) for i in range(0, world, tp)]
     return groups[rank // tp]
-
-
-def settle() -> None:
-    """Free what is garbage and give the free heap back to the system: the resident size is then what is alive."""
-    gc.collect()
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).malloc_trim(0)
-    except Exception:  # not glibc: the reading keeps what the allocator holds
-        pass
 
 
 def _mark() -> None:
