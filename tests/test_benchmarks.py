@@ -27,6 +27,7 @@ def _run_script(name: str, *args: str, timeout: float = 120) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow
 def test_ring_benchmark_quick():
     out = _run_script("ring.py", "--quick")
     # one row per (world size, size): times of both all-reduces, then the paired and median ratios
@@ -37,6 +38,7 @@ def test_ring_benchmark_quick():
     assert "ring/builtin (> 1: the ring is faster)" in out
 
 
+@pytest.mark.slow
 def test_ddp_benchmark_quick():
     out = _run_script("ddp.py", "--quick")
     rows = re.findall(r"^\s*2 (naive|overlapped|bucketed)\s+([\d.]+)\s+(\d+)%", out, flags=re.M)
@@ -83,6 +85,7 @@ def test_the_in_step_bound():
     assert grading.waits([]) is None
 
 
+@pytest.mark.slow
 def test_machine_benchmark_prints_each_workload():
     out = _run_script("machine.py", "--seconds", "0.2", "--repeat", "1")
     rows = re.findall(r"^\s+(interpreter|objects|import torch)\s+alone\s+[\d.]+ s, two at once\s+[\d.]+ s: ([\d.]+)x",
@@ -91,6 +94,7 @@ def test_machine_benchmark_prints_each_workload():
     assert all(float(ratio) > 0 for _, ratio in rows), out
 
 
+@pytest.mark.slow
 def test_overlap_trace_benchmark_prints_each_rank():
     out = _run_script("overlap_trace.py", "--steps", "1")
     rows = re.findall(r"^\s+0\s+(\d)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", out, flags=re.M)
@@ -99,6 +103,7 @@ def test_overlap_trace_benchmark_prints_each_rank():
     assert re.search(r"largest difference: [\d.]+", out), out
 
 
+@pytest.mark.slow
 @pytest.mark.timing
 def test_latency_benchmark_prints_each_event():
     out = _run_script("latency.py", "--world-size", "2", "--repeats", "1")

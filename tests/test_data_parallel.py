@@ -120,6 +120,7 @@ def test_dp_step_trains_like_one_process_and_loads_the_master():
     assert report.seconds[1]["master only"] == 0 and report.seconds[0]["master only"] > 0
 
 
+@pytest.mark.slow
 def test_ddp_rank_report_is_level():
     import torch
 

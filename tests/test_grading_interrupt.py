@@ -35,6 +35,7 @@ def _workers_running(scratch: Path) -> bool:
     return count >= 2
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
 def test_an_interrupted_grading_leaves_nothing(tmp_path, how):

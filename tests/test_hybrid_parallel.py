@@ -158,6 +158,7 @@ def _train_dp_tp(X, Y, lr):
     return out
 
 
+@pytest.mark.slow
 def test_dp_tp_training_follows_the_single_process():
     X, Y = lesson.make_data(3, 8)
     single = _train_single(X, Y, 0.5)

@@ -96,6 +96,7 @@ def test_workers_come_from_the_shared_server(shared_server):
     assert value.split(":", 1)[1].startswith(folder), "the server's socket is not in the folder it was given"
 
 
+@pytest.mark.slow
 def test_a_client_falls_back_to_its_own_server_when_the_shared_one_is_gone(shared_server):
     owner, value, folder = shared_server
     server_pid = int(value.split(":")[0])
@@ -152,6 +153,7 @@ def _hears_interrupts(pid: int) -> bool:
     return not (int(fields["SigIgn"], 16) & bit or int(fields["SigBlk"], 16) & bit)
 
 
+@pytest.mark.slow
 def test_an_interrupt_while_the_server_starts_leaves_no_traceback():
     """Ctrl-C reaches the whole process group (a terminal's, a kernel's): the server, still importing torch, must not
     hear it."""

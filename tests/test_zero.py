@@ -134,6 +134,7 @@ GREEDY = """        self.owner = {}
 ROUND_ROBIN = "        self.owner = {p: i % self.world_size for i, p in enumerate(self.params)}\n"
 
 
+@pytest.mark.slow
 def test_the_visible_test_names_round_robin_owners_unbalanced():
     """Owners dealt out in turn: AdamW's weights are still right (the first case passes), the shares are not."""
     solution = _cells("ShardedOptimizer")
@@ -142,6 +143,7 @@ def test_the_visible_test_names_round_robin_owners_unbalanced():
     assert "rank 0 owns 256 of the 288 elements" in error and "the owners are unbalanced" in error, error
 
 
+@pytest.mark.slow
 def test_the_visible_test_of_ShardedOptimizer_passes_on_the_solution():
     assert _visible_test_error("ShardedOptimizer", _cells("ShardedOptimizer")) == ""
 
