@@ -210,7 +210,9 @@ class _Host:
         from ._relay import raw, unraw
 
         if kind == "new_group":
-            self.groups[name] = (dist.new_group(args[0]), list(args[0]))
+            # only the members make it (the sandbox of a rank outside the group tells its host nothing): named
+            # from its ranks, not from a count every rank of the world must share
+            self.groups[name] = (dist.new_group(args[0], use_local_synchronization=True), list(args[0]))
             return None
         if kind == "wait":
             work, outputs, entry = self.pending.pop(args[0])
