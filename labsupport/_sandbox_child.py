@@ -82,10 +82,10 @@ class _NoGrader:
         return None
 
 
-def _child(sock, rank: int, world_size: int, folder: str, stack_file: str) -> None:
+def _child(sock, rank: int, world_size: int, folder: str, stack_file: str, shared=()) -> None:
     code = 0
     try:
-        _become_sandbox(sock, rank, world_size, folder, stack_file)
+        _become_sandbox(sock, rank, world_size, folder, stack_file, shared)
     except BaseException:  # noqa: BLE001: the host reports the exit; native output (fd 2) keeps the reason
         code = 70
         try:
@@ -97,7 +97,7 @@ def _child(sock, rank: int, world_size: int, folder: str, stack_file: str) -> No
     os._exit(code)
 
 
-def _become_sandbox(sock, rank, world_size, folder, stack_file) -> None:
+def _become_sandbox(sock, rank, world_size, folder, stack_file, shared=()) -> None:
     import faulthandler
     import tempfile
     from multiprocessing.connection import Connection
@@ -144,7 +144,8 @@ def _become_sandbox(sock, rank, world_size, folder, stack_file) -> None:
     from . import _landlock, _seccomp
 
     _seccomp.drop_capabilities()
-    _landlock.restrict(folder, _landlock.readable_roots([started_in]), keep_out=[os.path.dirname(folder)])
+    _landlock.restrict(folder, _landlock.readable_roots([started_in]), keep_out=[os.path.dirname(folder)],
+                       shared=shared)
     _seccomp.install()
     _serve_calls(link)
 

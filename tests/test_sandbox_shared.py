@@ -1,8 +1,13 @@
 """labsupport._sandbox, what notebook 09's checks need of it: groups that leave ranks out, a forbidden class and a
-forbidden function of a module the call imports itself.
+forbidden function of a module the call imports itself, a folder every rank's sandbox shares for one exercise (a
+checkpoint's), and the kernel's count of the bytes a sandbox read, taken by its host.
 """
 
 from __future__ import annotations
+
+import os
+import shutil
+import tempfile
 
 import pytest
 import torch
@@ -67,3 +72,44 @@ def test_a_forbidden_class_or_a_function_of_a_module_imported_later_raises_the_r
     got = labsupport.run(refused_then_allowed, sandboxed(fn, forbid=RULES), sandboxed(makes_a_grad_scaler), 3,
                          world_size=1, timeout=60)
     assert got == [(said, 3.0)]  # once the call is over, the built-in is back
+
+
+def shares_a_file(folder, nbytes):
+    """Rank 0 writes a file in ``folder``; after a barrier, every rank reads it."""
+    path = os.path.join(folder, "common.bin")
+    if dist.get_rank() == 0:
+        with open(path, "wb") as f:
+            f.write(b"x" * nbytes)
+    dist.barrier()
+    with open(path, "rb") as f:
+        return len(f.read())
+
+
+def measured(fn, folder, nbytes):
+    """The host's side: the sandbox's ``rchar`` before and after the call, read from /proc by the host."""
+    from labsupport import _sandbox
+
+    fn(folder, 1)  # the sandbox exists, and what a first call reads is read
+    before = _sandbox.io()
+    got = fn(folder, nbytes)
+    after = _sandbox.io()
+    return got, after["rchar"] - before["rchar"], _sandbox.pid()
+
+
+def test_a_shared_folder_is_every_ranks_and_the_host_counts_the_bytes_read():
+    folder = tempfile.mkdtemp(prefix="sandbox-shared-")
+    try:
+        with pytest.raises(labsupport.WorkerError, match="PermissionError"):  # not shared: refused
+            labsupport.run(measured, sandboxed(shares_a_file), folder, 1 << 20, world_size=2, timeout=60)
+        first = labsupport.run(measured, sandboxed(shares_a_file, shared=[folder]), folder, 1 << 20, world_size=2,
+                               timeout=60)
+        for got, read, _ in first:
+            assert got == 1 << 20 and 1 << 20 <= read < (1 << 20) + 64 * 1024
+        # a function without the folder gets a sandbox of its own again: not the one that had it
+        again = labsupport.run(measured, sandboxed(shares_a_file, shared=[folder]), folder, 8, world_size=2,
+                               timeout=60)
+        assert [pid for *_, pid in again] == [pid for *_, pid in first]
+        with pytest.raises(labsupport.WorkerError, match="PermissionError"):
+            labsupport.run(measured, sandboxed(shares_a_file), folder, 8, world_size=2, timeout=60)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
