@@ -5,10 +5,18 @@ This module travels by value to the sandbox, so it imports only the standard lib
 returns is the student's side's own report: the host compares its values with its own oracle and judges the
 communication from its own record. A driver marks points of a scenario for the host with ``_mark``: a broadcast of
 a few bytes on this rank's own one-rank group (it waits for no other rank), which the host's record shows among the
-student's calls: ``PHASE`` between the calls of a scenario, ``STEPPED`` when the optimizer is stepped.
+student's calls: ``PHASE`` between the calls of a scenario, ``STEPPED`` when the optimizer is stepped, and in a save
+stopped at each of its steps, the step in words (the host copies the folder then, while this rank waits).
 """
 
 from __future__ import annotations
+
+import gc
+import json
+import os
+import signal
+import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -144,3 +152,159 @@ def scaler_steps(Scaler, cfg, pairs, weights, coeffs, bad, steps):
         record.update(same=all(p.grad is g for p, g in zip(mine, grads)), flat=flat.clone(),
                       weights=[p.detach().clone() for p in mine])
     return {"steps": records, "after": _called("get_scale()", scaler.get_scale)}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# save_sharded / load_resharded: what this process does on disk, below the student's Python (Python's audit events,
+# raised just before each call)
+
+#: The audit events of the calls that change what a crash leaves on disk (``open`` counts when it writes).
+CHANGES = ("open", "os.rename", "os.remove", "os.rmdir", "os.mkdir", "os.symlink", "os.link", "os.truncate")
+# While a save is watched: ``writes``, the paths opened for writing or renamed onto; ``on_step``, called with
+# (description, the path an open creates or empties, or None) before each change under ``root``.
+_STATE = {"writes": None, "on_step": None, "root": "", "busy": False}
+_HOOKED: list = []
+
+
+def _writing(args) -> bool:
+    mode, flags = args[1], args[2]
+    if isinstance(mode, str):
+        return any(ch in mode for ch in "wax+")
+    return isinstance(flags, int) and bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC))
+
+
+def _full(path, dir_fd=-1) -> str | None:
+    """The absolute path of ``path`` (relative to ``dir_fd`` when one is given), its last component not resolved
+    (a symlink renamed onto is the link, not its target)."""
+    if isinstance(path, int) or path is None:
+        try:
+            path = os.readlink(f"/proc/self/fd/{int(path)}")
+        except (OSError, TypeError, ValueError):
+            return None
+    path = os.fsdecode(path)
+    if not os.path.isabs(path) and isinstance(dir_fd, int) and dir_fd >= 0:
+        try:
+            path = os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), path)
+        except OSError:
+            return None
+    path = os.path.abspath(path)
+    return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+
+
+def _step(event, args, root: str):
+    """(description, the path an open creates or empties, or None) of a change under ``root``, or None."""
+    def inside(p):
+        return p is not None and (p + os.sep).startswith(root + os.sep)
+
+    def rel(p):
+        return os.path.relpath(p, root)
+
+    if event == "open":
+        path = _full(args[0])
+        if not _writing(args) or not inside(path):
+            return None
+        flags = args[2] if isinstance(args[2], int) else 0
+        empties = (isinstance(args[1], str) and "w" in args[1]) or bool(flags & os.O_TRUNC) or (
+            bool(flags & os.O_CREAT) and not os.path.lexists(path))
+        return f"opened {rel(path)} for writing", path if empties else None
+    if event in ("os.rename", "os.link"):
+        src, dst = _full(args[0], args[2]), _full(args[1], args[3])
+        if not (inside(src) or inside(dst)):
+            return None
+        return f"{'renamed' if event == 'os.rename' else 'hard-linked'} {rel(src)} to {rel(dst)}", None
+    if event == "os.symlink":
+        dst = _full(args[1], args[2])
+        return (f"made {rel(dst)} a symlink to {os.fsdecode(args[0])}", None) if inside(dst) else None
+    dir_fd = {"os.remove": 1, "os.rmdir": 1, "os.mkdir": 2}.get(event)
+    path = _full(args[0], args[dir_fd]) if dir_fd is not None else _full(args[0])
+    if not inside(path) or (event == "os.mkdir" and os.path.lexists(path)):  # makedirs(exist_ok=True): no change
+        return None
+    verb = {"os.remove": "deleted", "os.rmdir": "removed the folder", "os.mkdir": "made the folder",
+            "os.truncate": "truncated"}[event]
+    return f"{verb} {rel(path)}", None
+
+
+def _audit(event, args):
+    state = _STATE
+    if state["busy"] or (state["writes"] is None and state["on_step"] is None):
+        return
+    state["busy"] = True  # what the callback does is not the save's
+    try:
+        if state["writes"] is not None:
+            if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)) and _writing(args):
+                state["writes"].append(os.path.realpath(os.fsdecode(args[0])))
+            elif event == "os.rename":
+                state["writes"].append(os.path.realpath(os.fsdecode(args[1])))
+        if state["on_step"] is not None and event in CHANGES:
+            step = _step(event, args, state["root"])
+            if step is not None:
+                state["on_step"](*step)
+    except Exception:  # an audit hook must never break the call it watches
+        pass
+    finally:
+        state["busy"] = False
+
+
+def _hook() -> None:
+    if not _HOOKED:
+        sys.addaudithook(_audit)
+        _HOOKED.append(True)
+
+
+def save_watched(save, shard, numel, directory, die=False):
+    """``save(shard, numel, directory)``; returns the paths it opened for writing or renamed onto. ``die``: this
+    rank is killed (SIGKILL) a second after the call began, before it saved anything."""
+    if die:
+        time.sleep(1.0)  # the others have a second to write (and, without a barrier, to commit) first
+        os.kill(os.getpid(), signal.SIGKILL)
+    _hook()
+    _STATE["writes"] = []
+    try:
+        save(shard, numel, directory)
+    finally:
+        written, _STATE["writes"] = _STATE["writes"], None
+    return sorted(set(written))
+
+
+def save_stopped(save, shard, numel, directory, root):
+    """``save(shard, numel, directory)`` stopped before every step that changes what is under ``root``: a mark that
+    names the step (and the file an open creates or empties), during which the host copies ``root``."""
+    own = _own_group()
+    _hook()
+    _STATE.update(on_step=lambda what, emptied: _mark(own, json.dumps([what, emptied]).encode()),
+                  root=os.path.realpath(root))
+    try:
+        save(shard, numel, directory)
+    finally:
+        _STATE["on_step"] = None
+
+
+def _settle() -> None:
+    """Free what is garbage and give the free heap back to the system (glibc: blocks of 64 KiB and more straight
+    from the kernel and back to it once freed), so that the resident size follows what is alive."""
+    gc.collect()
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        libc.mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD
+        libc.malloc_trim(0)
+    except Exception:  # not glibc: the reading keeps what the allocator holds
+        pass
+
+
+def load_measured(load, directory):
+    """``load(directory)`` between two barriers, at which the host reads the sandbox's counters: its outcome, and
+    the bytes of the storage the returned tensor is a view of."""
+    _settle()
+    dist.barrier()
+    out = _outcome(load, directory)
+    if out[0] == "ok" and isinstance(out[1], torch.Tensor):
+        out += (out[1].untyped_storage().nbytes(),)
+    dist.barrier()
+    return out
+
+
+def load_each(load, directories):
+    """``load(d)`` for each directory: the outcome of each call."""
+    return [_outcome(load, d) for d in directories]
