@@ -94,14 +94,6 @@ class _Readings(CommCounter):
                 self.end = (_sandbox.memory(), _sandbox.io())
 
 
-def _own_io_readable() -> bool:
-    try:
-        with open("/proc/self/io"):
-            return True
-    except OSError:
-        return False
-
-
 def _load_probe(load, numel, dtype_name, tag, directory, saved_world, check_memory, what_before):
     import torch.distributed as dist
 
@@ -145,7 +137,7 @@ def _load_probe(load, numel, dtype_name, tag, directory, saved_world, check_memo
                    "rest stays in memory; read only your range (or .clone() the slice).")
     elif readings.start is not None:  # what the kernel counted for the sandbox, read by the host
         (memory0, io0), (memory1, io1) = readings.start, readings.end or (None, None)
-        if (io0 is None or io1 is None) and _own_io_readable():
+        if (io0 is None or io1 is None) and os.path.exists("/proc/self/io"):  # it counts the host, not the sandbox
             failure = (f"{what}: rank {rank}'s process hid its counters from the grader (/proc/<pid>/io): the bytes a "
                        "load reads are part of the exercise.")
         elif io0 is not None and io1 is not None and io1["rchar"] - io0["rchar"] > needed * 1.25 + 128 * 1024:

@@ -94,9 +94,13 @@ def _snapshotter(root: str, states: str, lock: str, taken: list):
                             continue
                         if _listing(root) == before:
                             break
-                    if version:
-                        target = os.path.join(name, os.path.relpath(emptied, root))
-                        with open(target, "wb"):
+                    if version:  # the path comes from the sandbox: emptied only inside the copy, never through a link
+                        target = os.path.normpath(os.path.join(name, os.path.relpath(emptied, root)))
+                        try:
+                            inside = os.path.join(os.path.realpath(os.path.dirname(target)), "")
+                            if inside.startswith(os.path.join(os.path.realpath(name), "")):
+                                os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW))
+                        except OSError:
                             pass
                     taken.append((os.path.basename(name), description, version))
             finally:
@@ -117,21 +121,11 @@ class _Stops(CommCounter):
         super().enter(call)
         if call.is_comm and not call.in_comm and call.kind == "broadcast" and tuple(call.group) == (self.rank,) \
                 and call.nbytes > len(drivers.STEPPED):
-            payload = _first_tensor(call.args)
-            if payload is not None:
-                description, emptied = json.loads(payload.numpy().tobytes().decode())
-                self.take(str(description), emptied if isinstance(emptied, str) else None)
-
-
-def _first_tensor(args):
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            return a
-        if isinstance(a, (list, tuple)):
-            found = _first_tensor(a)
-            if found is not None:
-                return found
-    return None
+            try:  # ProcessGroup.broadcast([tensor], options)
+                description, emptied = json.loads(call.args[0][0].numpy().tobytes().decode())
+            except (IndexError, TypeError, AttributeError, ValueError):
+                return
+            self.take(str(description), emptied if isinstance(emptied, str) else None)
 
 
 def _save_probe(save, numel, dtype_name, tag, directory, root=None, states=None, lock=None):
