@@ -29,9 +29,14 @@ def _own_group():
     return [dist.new_group([r]) for r in range(dist.get_world_size())][dist.get_rank()]
 
 
+_MADE: dict = {}  # the groups of two, made once per task (this module is unpickled afresh for each)
+
+
 def _pairs():
     """On four ranks, the group of two this rank belongs to (ranks 0 and 1, or 2 and 3)."""
-    return [dist.new_group([0, 1]), dist.new_group([2, 3])][dist.get_rank() // 2]
+    if "pairs" not in _MADE:
+        _MADE["pairs"] = [dist.new_group([0, 1]), dist.new_group([2, 3])][dist.get_rank() // 2]
+    return _MADE["pairs"]
 
 
 def _mark(group, payload: bytes = PHASE) -> None:
