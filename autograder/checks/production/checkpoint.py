@@ -220,6 +220,6 @@ def check_save_sharded(save_sharded, load_resharded):
         _load_after_save(load, numel, second_dtype, 2, directory, second, True,
                          f", saved in {second_dtype} over an older checkpoint of {first} ranks in {dtype}",
                          world_size=first, what=what)
+        check_crashes(save_sharded, load_resharded, seed, f"save_sharded / load_resharded (seed {seed})", base)
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    check_crashes(save_sharded, load_resharded, seed, f"save_sharded / load_resharded (seed {seed})")

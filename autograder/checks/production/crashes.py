@@ -178,23 +178,24 @@ def _outcome(verdicts: list) -> str | None:
     return f"ranks {old} loaded the previous checkpoint and the others the new one"
 
 
-def check_crashes(save_sharded, load_resharded, seed: int, what: str) -> None:
+def check_crashes(save_sharded, load_resharded, seed: int, what: str, shared: str) -> None:
     """A crash just before every step of a save of B over A (and while each file it creates is written): the folder
-    then loads as A or as B on every rank."""
+    then loads as A or as B on every rank. The saves run in ``shared``, a folder the caller's sandboxes already
+    share (so they are kept); the copies lie elsewhere, open to the loads' sandboxes only."""
     rng = random.Random(seed)
     numel = 2 * rng.randint(150, 400) + 1
     dtype_a, dtype_b = rng.choice([("float32", "float64"), ("float64", "float32"), ("float32", "bfloat16")])
     base = os.path.realpath(tempfile.mkdtemp(prefix="ckpt-crashes-"))
-    root, states, lock = (os.path.join(base, name) for name in ("folder", "states", "lock"))
+    root, states, lock = os.path.join(shared, "crashes"), os.path.join(base, "states"), os.path.join(base, "lock")
     directory = os.path.join(root, "checkpoint")
     label = f"{what}, a crash at every step of a save (Ψ = {numel})"
     try:
         os.makedirs(root)
         os.makedirs(states)
         plain = in_sandbox(save_sharded, "save_sharded", driver=drivers.save_watched, forbid=BUILT_INS["save_sharded"],
-                           shared=[root])
+                           shared=[shared])
         stopped = in_sandbox(save_sharded, "save_sharded", driver=drivers.save_stopped,
-                             forbid=BUILT_INS["save_sharded"], shared=[root])
+                             forbid=BUILT_INS["save_sharded"], shared=[shared])
         loads = in_sandbox(load_resharded, "load_resharded", driver=drivers.load_each,
                            forbid=BUILT_INS["load_resharded"], shared=[states])
         run_on_workers(_save_probe, plain, numel, dtype_a, 1, directory, world_size=3, what=label,
