@@ -678,7 +678,7 @@ def save_symlink(shard, numel, directory):
 
 def load_fromfile(directory):
     """Each needed range read as bytes with np.fromfile(count=, offset=) and viewed as the saved dtype (numpy has no
-    bfloat16; memory maps are refused while grading)."""
+    bfloat16)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     with open(os.path.join(directory, "meta.json")) as f:
         numel, _, c_saved, dtype = json.load(f)
