@@ -80,17 +80,32 @@ def test_clip_through_torch_fails():
         str(info.value), str(info.value)
 
 
-class ScalerAroundGradScaler(ScalerOk):
-    """Keeps torch's GradScaler for the scale's bookkeeping, agrees on the flag itself."""
+class ScalerAroundGradScaler:
+    """torch's GradScaler scales, unscales and keeps the scale; the ranks agree on its found-inf flags with one
+    all-reduce."""
 
     def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000, group=None):
-        super().__init__(init_scale, growth_factor, backoff_factor, growth_interval, group)
         self.inner = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_factor=growth_factor,
                                           backoff_factor=backoff_factor, growth_interval=growth_interval)
+        self.group = group
+
+    def scale(self, loss):
+        return self.inner.scale(loss)
+
+    def step(self, optimizer, *args, **kwargs):
+        self.inner.unscale_(optimizer)
+        found = self.inner._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
+        flag = torch.tensor([max([float(v) for v in found.values()] + [0.0])])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        for v in found.values():
+            v.fill_(flag.item())  # what its update() reads
+        return None if flag.item() else optimizer.step(*args, **kwargs)
 
     def update(self):
-        self.inner.update(self._scale * (self.backoff_factor if self._found_inf else 1.0))
-        super().update()
+        self.inner.update()
+
+    def get_scale(self):
+        return self.inner.get_scale()
 
 
 class ScalerSubclassingGradScaler(torch.amp.GradScaler):
