@@ -5,9 +5,9 @@ the sandbox asked it to carry, and the kernel's counters of the sandbox read fro
 Cheats, each written as a student would, lose the points with a message that says why: the built-in an exercise
 rebuilds used instead (``DistributedSampler`` in ``shard_indices``, ``torch.nn.utils.clip_grad_norm_`` in
 ``clip_grad_norm_``, a ``torch.amp.GradScaler`` kept inside, or subclassed, by ``DynamicLossScaler``, a checkpoint
-saved through ``torch.distributed.checkpoint``), and ranks that pass data through a file outside the folder the
-checkpoint lies in. Honest habits (a print to stderr, a printed traceback, a cached helper, ``import sys``) keep
-the points.
+saved through ``torch.distributed.checkpoint``), the check's own reference imported from the grader, and ranks that
+pass data through a file outside the folder the checkpoint lies in. Honest habits (a print to stderr, a printed
+traceback, a cached helper, ``import sys``) keep the points.
 """
 
 import functools
@@ -51,6 +51,21 @@ def test_shard_indices_through_distributed_sampler_fails():
     with pytest.raises(AssertionError) as info:
         check_shard_indices(si_sampler)
     assert "shard_indices must not call DistributedSampler: it is what you are building" in str(info.value)
+
+
+def si_from_the_grader(num_samples, num_replicas, rank, epoch=0, seed=0, shuffle=True, drop_last=False):
+    """The check's own reference, imported under a name built from character codes (which no screen reads)."""
+    import importlib
+
+    name = "".join(map(chr, [97, 117, 116, 111, 103, 114, 97, 100, 101, 114]))
+    sampling = importlib.import_module(name + ".checks.production.sampling")
+    return sampling.reference_shard_indices(num_samples, num_replicas, rank, epoch, seed, shuffle, drop_last)
+
+
+def test_shard_indices_from_the_graders_reference_fails(grader_out_of_reach):
+    with pytest.raises(AssertionError) as info:
+        check_shard_indices(si_from_the_grader)
+    assert "the grader's modules are not available where your function runs" in str(info.value), str(info.value)
 
 
 def clip_through_torch(parameters, max_norm, norm_type=2.0, group=None, replicated=()):
