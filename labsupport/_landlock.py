@@ -3,9 +3,11 @@
 ``restrict(folder, readable)`` makes the kernel refuse, in this process and everything it starts, any file access
 but reading (and running) what lies under the ``readable`` folders and reading and writing under ``folder`` (the
 sandbox's private folder). Other ranks' folders, the pool's files and the rest of ``/tmp`` are neither readable nor
-writable: ranks have no file to pass data through. A refused access fails with ``EACCES`` (``PermissionError``).
-Returns the Landlock version used, 0 where the kernel has none (the sandbox then runs without it; the README says
-what is not enforced). Written with ``ctypes``: the system calls are the same numbers on x86-64 and arm64.
+writable: ranks have no file to pass data through. ``shared`` folders, which a check makes for one exercise (the
+folder a checkpoint is saved in, which every rank writes), are read and written as the private one. A refused
+access fails with ``EACCES`` (``PermissionError``). Returns the Landlock version used, 0 where the kernel has none
+(the sandbox then runs without it; the README says what is not enforced). Written with ``ctypes``: the system
+calls are the same numbers on x86-64 and arm64.
 """
 
 from __future__ import annotations
@@ -42,9 +44,10 @@ def readable_roots(extra=()) -> list:
     return list(dict.fromkeys(os.path.realpath(p) for p in roots))
 
 
-def restrict(folder: str, readable, keep_out=()) -> int:
+def restrict(folder: str, readable, keep_out=(), shared=()) -> int:
     """Confine this process's files (see the module docstring). A root in ``readable`` that contains one of
-    ``keep_out`` (the pool's folder, where every rank's private folder lies) is left out."""
+    ``keep_out`` (the pool's folder, where every rank's private folder lies) is left out; ``shared`` folders are
+    read and written as ``folder`` is."""
     if not sys.platform.startswith("linux"):
         return 0
     import ctypes
@@ -92,7 +95,8 @@ def restrict(folder: str, readable, keep_out=()) -> int:
             allow(root, _READ)
         for device in ("/dev/null", "/dev/zero", "/dev/full", "/dev/tty"):
             allow(device, _READ | _WRITE_FILE | (_IOCTL_DEV if version >= 5 else 0))
-        allow(folder, handled)
+        for root in (folder, *shared):
+            allow(root, handled)
         if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS: what an unprivileged restriction needs
             return 0
         if syscall(_RESTRICT, ruleset, ctypes.c_uint32(0)) != 0:

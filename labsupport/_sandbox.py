@@ -6,9 +6,11 @@ calls it, the host forks a sandbox (once per task, before any student code exist
 
 * **The sandbox** closes every file it inherited but its link to the host, forgets the host's process group and
   makes a ``labsupport._relay`` group its default one, cannot import the grader, writes only its private folder
-  and reads no other rank's (Landlock, ``_landlock``), and (on Linux) installs a seccomp filter: no new sockets,
-  processes or programs, no signal or memory access to another process. It unpickles the function, runs it, and its prints and warnings go to the host as the rank's
-  output. Nothing of the grader lives there: whatever it patches, reads or fakes is its own.
+  (and the folders a check shares with every rank for one exercise, such as a checkpoint's) and reads no other
+  rank's (Landlock, ``_landlock``), and (on Linux) installs a seccomp filter: no new sockets, processes or
+  programs, no signal or memory access to another process. It unpickles the function, runs it, and its prints and
+  warnings go to the host as the rank's output. Nothing of the grader lives there: whatever it patches, reads or
+  fakes is its own.
 * **The host** carries every message: each relayed request (kind, peer, tensors' bytes) is performed on the real
   gloo group by the host's own ``torch.distributed`` calls, which the tap records as usual, so a check's
   ``CommCounter`` in the host sees exactly what crossed to the other ranks. Requests an exercise forbids (``allow``)
@@ -35,13 +37,14 @@ from ._plain import SandboxRefused, Unplain  # noqa: F401  (what checks and test
 class Sandboxed:
     """A student's function as the check on a worker sees it (see the module docstring)."""
 
-    def __init__(self, blob: bytes, name: str, what: str, allow=None, forbid=None):
+    def __init__(self, blob: bytes, name: str, what: str, allow=None, forbid=None, shared=()):
         self.blob, self.__name__, self.what = blob, name, what
         self.allow = None if allow is None else frozenset(allow)
         self.forbid = dict(forbid or {})  # "module:name" -> why, for the exercise's own built-in
+        self.shared = tuple(shared)  # folders the sandbox reads and writes besides its own (a checkpoint's)
 
     def __reduce__(self):
-        return (Sandboxed, (self.blob, self.__name__, self.what, self.allow, self.forbid))
+        return (Sandboxed, (self.blob, self.__name__, self.what, self.allow, self.forbid, self.shared))
 
     def __repr__(self) -> str:
         return f"<{self.__name__}, run in a sandbox>"
@@ -56,14 +59,16 @@ class Sandboxed:
             from . import _pickling
 
             return _pickling.loads(self.blob)(*args, **kwargs)
-        return _host().call(self, args, kwargs)
+        return _host(self.shared).call(self, args, kwargs)
 
 
-def sandboxed(fn, what: str = "", allow=None, forbid=None, driver=None) -> Sandboxed:
+def sandboxed(fn, what: str = "", allow=None, forbid=None, driver=None, shared=()) -> Sandboxed:
     """``fn`` wrapped for a check (called in the grader's process): ``what`` names the exercise in messages,
     ``allow`` is the set of ``torch.distributed`` calls it may make (``{"send", "recv"}``), None for any;
-    ``forbid`` maps ``"module:name"`` of a built-in the exercise re-implements to the message it raises if the
-    function uses it (``{"torch.utils.data:DistributedSampler": "shard_indices must not ..."}``).
+    ``forbid`` maps ``"module:name"`` of a built-in the exercise re-implements (a function or a class) to the
+    message it raises if the function uses it (``{"torch.utils.data:DistributedSampler": "shard_indices must not
+    ..."}``). ``shared`` names folders that every rank's sandbox reads and writes for this function (the folder a
+    checkpoint is saved in): a sandbox is started afresh with them, since its file rules can only be narrowed.
 
     ``driver``, for an exercise that is a class or a set of functions, is a function of the grader's that exercises
     ``fn`` in the sandbox: the call is then ``driver(fn, *args, **kwargs)``. It travels by value with its module (so
@@ -89,7 +94,8 @@ def sandboxed(fn, what: str = "", allow=None, forbid=None, driver=None) -> Sandb
     for mod in modules:
         cloudpickle.register_pickle_by_value(mod)
     try:
-        return Sandboxed(_pickling.dumps(fn), name, what or name, allow, forbid)
+        return Sandboxed(_pickling.dumps(fn), name, what or name, allow, forbid,
+                         tuple(os.path.realpath(f) for f in shared))
     finally:
         for mod in modules:
             cloudpickle.unregister_pickle_by_value(mod)
@@ -116,18 +122,19 @@ def _own_file(module) -> bool:
 _HOST = []
 
 
-def _host():
+def _host(shared=()):
     """This worker's sandbox: forked at its first use and kept, like the worker, from task to task (a fork costs
     tens of milliseconds of CPU); at each new task it starts afresh as a task does in a worker (its process group,
-    random state, environment and rank are the task's)."""
+    random state, environment and rank are the task's). A function with other ``shared`` folders than the kept
+    sandbox's gets a new sandbox (Landlock's rules, once applied, can only be narrowed)."""
     from ._worker import CURRENT
 
-    if _HOST and not _HOST[0].alive():
+    if _HOST and (not _HOST[0].alive() or _HOST[0].shared != tuple(shared)):
         close()
     if not _HOST:
         from ._sandbox_host import _Host
 
-        _HOST.append(_Host())
+        _HOST.append(_Host(tuple(shared)))
     host = _HOST[0]
     if host.call_id != CURRENT.get("call_id"):
         host.new_task()
@@ -171,14 +178,29 @@ def memory() -> dict | None:
     return _HOST[0].memory() if _HOST and _HOST[0].alive() else None
 
 
-def reset_peak() -> None:
-    """Start the sandbox's high-water mark again from its present resident size."""
+def reset_peak() -> bool:
+    """Start the sandbox's high-water mark again from its present resident size; False where that failed."""
     if _HOST and _HOST[0].alive():
         try:
             with open(f"/proc/{_HOST[0].pid}/clear_refs", "w") as fh:
                 fh.write("5")
+            return True
         except OSError:
             pass
+    return False
+
+
+def io() -> dict | None:
+    """This worker's sandbox's input and output as the kernel counts them (``/proc/<pid>/io``: ``rchar``, every
+    byte passed through ``read`` and its kind, files and its link to the host alike; ``wchar``...); None without
+    one, or where the kernel keeps them from the host."""
+    if not (_HOST and _HOST[0].alive()):
+        return None
+    try:
+        with open(f"/proc/{_HOST[0].pid}/io") as fh:
+            return {k: int(v) for k, v in (line.split(":") for line in fh if ":" in line)}
+    except (OSError, ValueError):
+        return None
 
 
 def refusals() -> list:

@@ -82,10 +82,10 @@ class _NoGrader:
         return None
 
 
-def _child(sock, rank: int, world_size: int, folder: str, stack_file: str) -> None:
+def _child(sock, rank: int, world_size: int, folder: str, stack_file: str, shared=()) -> None:
     code = 0
     try:
-        _become_sandbox(sock, rank, world_size, folder, stack_file)
+        _become_sandbox(sock, rank, world_size, folder, stack_file, shared)
     except BaseException:  # noqa: BLE001: the host reports the exit; native output (fd 2) keeps the reason
         code = 70
         try:
@@ -97,7 +97,7 @@ def _child(sock, rank: int, world_size: int, folder: str, stack_file: str) -> No
     os._exit(code)
 
 
-def _become_sandbox(sock, rank, world_size, folder, stack_file) -> None:
+def _become_sandbox(sock, rank, world_size, folder, stack_file, shared=()) -> None:
     import faulthandler
     import tempfile
     from multiprocessing.connection import Connection
@@ -144,7 +144,8 @@ def _become_sandbox(sock, rank, world_size, folder, stack_file) -> None:
     from . import _landlock, _seccomp
 
     _seccomp.drop_capabilities()
-    _landlock.restrict(folder, _landlock.readable_roots([started_in]), keep_out=[os.path.dirname(folder)])
+    _landlock.restrict(folder, _landlock.readable_roots([started_in]), keep_out=[os.path.dirname(folder)],
+                       shared=shared)
     _seccomp.install()
     _serve_calls(link)
 
@@ -153,33 +154,96 @@ _KEPT: list = []
 
 
 def _forbid(rules: dict):
-    """Replace each built-in an exercise re-implements by one that raises its message; returns the undo."""
-    import importlib
-
-    saved = []
+    """Replace each built-in an exercise re-implements (a function, or a class) by a stand-in that raises its
+    message; in a module the call has not imported yet, once the call imports it (``torch.distributed.checkpoint``
+    takes seconds to import: a call that never uses it does not pay for it). Returns the undo."""
+    saved, later = [], {}
     for where, why in rules.items():
         module_name, _, name = where.partition(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        original = getattr(module, name, None)
-        if original is None:
-            continue
-
-        def refuse(*args, _why=why, **kwargs):
-            raise RuntimeError(_why)
-
-        for mod in {module, sys.modules.get(getattr(original, "__module__", "") or "")} - {None}:
-            if getattr(mod, name, None) is original:
-                saved.append((mod, name, original))
-                setattr(mod, name, refuse)
+        if module_name in sys.modules:
+            _replace(sys.modules[module_name], name, why, saved)
+        else:
+            later.setdefault(module_name, []).append((name, why))
+    finder = _WhenImported(later, saved) if later else None
+    if finder is not None:
+        sys.meta_path.insert(0, finder)
 
     def undo():
-        for mod, name, original in saved:
+        if finder in sys.meta_path:
+            sys.meta_path.remove(finder)
+        for mod, name, original in reversed(saved):
             setattr(mod, name, original)
 
     return undo
+
+
+class _Refused:
+    """The base of a forbidden class's stand-in: neither made nor subclassed (a student's class with the built-in
+    as its base fails as it is unpickled), with the rule's message."""
+
+    _why = ""
+
+    def __new__(cls, *args, **kwargs):
+        raise RuntimeError(cls._why)
+
+    def __init_subclass__(cls, **kwargs):
+        if "_why" not in cls.__dict__:  # a class of the student's, not a stand-in
+            raise RuntimeError(cls._why)
+
+
+def _replace(module, name: str, why: str, saved: list) -> None:
+    original = getattr(module, name, None)
+    if original is None:
+        return
+    if isinstance(original, type):
+        stand_in = type(original.__name__, (_Refused,), {"_why": why, "__qualname__": original.__qualname__})
+    else:
+        def stand_in(*args, _why=why, **kwargs):
+            raise RuntimeError(_why)
+    for mod in {module, sys.modules.get(getattr(original, "__module__", "") or "")} - {None}:
+        if getattr(mod, name, None) is original:
+            saved.append((mod, name, original))
+            setattr(mod, name, stand_in)
+
+
+class _WhenImported:
+    """A finder ahead of the others for the modules in ``later``: loaded as usual, then their built-ins replaced."""
+
+    def __init__(self, later: dict, saved: list):
+        self.later, self.saved = later, saved
+
+    def find_spec(self, name, path=None, target=None):
+        rules = self.later.pop(name, None)
+        if rules is None:
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None) if finder is not self else None
+            spec = find(name, path, target) if find is not None else None
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _ThenReplace(spec.loader, rules, self.saved)
+        return spec
+
+
+class _ThenReplace:
+    """A module's loader, which replaces the module's forbidden built-ins once it has run."""
+
+    def __init__(self, loader, rules, saved):
+        self._loader, self._rules, self._saved = loader, rules, saved
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._loader.exec_module(module)
+        for name, why in self._rules:
+            _replace(module, name, why, self._saved)
 
 
 def _serve_calls(link: _Link) -> None:

@@ -16,7 +16,7 @@ _KIND = {"isend": "send", "irecv": "recv"}
 
 
 class _Host:
-    def __init__(self):
+    def __init__(self, shared=()):
         import socket
         import tempfile
         import warnings
@@ -25,7 +25,7 @@ class _Host:
 
         from . import _worker
 
-        self.call_id = None
+        self.call_id, self.shared = None, tuple(shared)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         base = os.path.dirname(_worker._STACK_FILE[0]) if _worker._STACK_FILE[0] else None  # the pool's folder
         self.folder = tempfile.mkdtemp(prefix=f"sandbox-{self.rank}-", dir=base)
@@ -49,7 +49,7 @@ class _Host:
             pid = os.fork()
         if pid == 0:  # the sandbox: never returns
             parent.close()
-            _child(child, self.rank, self.world_size, self.folder, _worker._STACK_FILE[0])
+            _child(child, self.rank, self.world_size, self.folder, _worker._STACK_FILE[0], self.shared)
         child.close()
         from multiprocessing.connection import Connection
 
@@ -210,7 +210,9 @@ class _Host:
         from ._relay import raw, unraw
 
         if kind == "new_group":
-            self.groups[name] = (dist.new_group(args[0]), list(args[0]))
+            # only the members make it (the sandbox of a rank outside the group tells its host nothing): named
+            # from its ranks, not from a count every rank of the world must share
+            self.groups[name] = (dist.new_group(args[0], use_local_synchronization=True), list(args[0]))
             return None
         if kind == "wait":
             work, outputs, entry = self.pending.pop(args[0])

@@ -216,8 +216,13 @@ def clip_double_count(parameters, max_norm, norm_type=2.0, group=None, replicate
 
 
 def clip_local(parameters, max_norm, norm_type=2.0, group=None, replicated=()):
+    """Clips by this rank's own norm (torch.nn.utils.clip_grad_norm_'s arithmetic, no all-reduce)."""
     params = [p for p in _as_list(parameters) if p.grad is not None]
-    return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
+    total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad, norm_type) for p in params]),
+                                     norm_type)
+    for p in params:
+        p.grad.mul_((max_norm / (total + 1e-6)).clamp(max=1.0))
+    return total
 
 
 def clip_per_param(parameters, max_norm, norm_type=2.0, group=None, replicated=()):
@@ -673,7 +678,7 @@ def save_symlink(shard, numel, directory):
 
 def load_fromfile(directory):
     """Each needed range read as bytes with np.fromfile(count=, offset=) and viewed as the saved dtype (numpy has no
-    bfloat16; memory maps are refused while grading)."""
+    bfloat16)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     with open(os.path.join(directory, "meta.json")) as f:
         numel, _, c_saved, dtype = json.load(f)

@@ -43,26 +43,44 @@ def run_on_workers(probe, *args, world_size: int, what: str, timeout: float | No
     return result
 
 
+def _rules(exercise: str, names, doing: str, verb: str = "call", short: bool = False) -> dict:
+    return {name: f"{exercise} must not {verb} {name.split(':')[1] if short else name.replace(':', '.')}: it is "
+                  f"what you are building ({doing})" for name in names}
+
+
+_SAMPLER = ("torch.utils.data:DistributedSampler", "torch.utils.data.distributed:DistributedSampler")
+_CLIP = ("torch.nn.utils:clip_grad_norm_", "torch.nn.utils:clip_grad_norm", "torch.nn.utils:get_total_norm")
+_SCALER = ("torch.amp:GradScaler", "torch:GradScaler", "torch.cuda.amp:GradScaler", "torch.cpu.amp:GradScaler")
+_DCP = tuple(f"torch.distributed.checkpoint:{name}" for name in ("save", "load", "async_save", "save_state_dict",
+                                                                 "load_state_dict"))
+_CHECKPOINT = ("write each rank's shard to a file of its own and the metadata once, commit with an atomic rename, "
+               "and read back only the byte ranges a rank needs")
 #: The built-ins that an exercise, a function the judge calls, re-implements: inside its call in the sandbox each
 #: raises the message, so an answer that leans on what it is building says so instead of passing.
 BUILT_INS = {
-    "shard_indices": {
-        f"{module}:DistributedSampler": "shard_indices must not call DistributedSampler: it is what you are building "
-                                        "(compute the indices from num_samples, num_replicas, rank, epoch and seed)"
-        for module in ("torch.utils.data", "torch.utils.data.distributed")},
+    "shard_indices": _rules("shard_indices", _SAMPLER, "compute the indices from num_samples, num_replicas, rank, "
+                                                       "epoch and seed", short=True),
+    "clip_grad_norm_": _rules("clip_grad_norm_", _CLIP, "add up this rank's share of the norm, all-reduce that one "
+                                                        "number over the group, then scale every gradient in place"),
+    "DynamicLossScaler": _rules("DynamicLossScaler", _SCALER, "keep the scale yourself, unscale the gradients in "
+                                                              "place and agree on one found-inf flag", "use"),
+    "save_sharded": _rules("save_sharded", _DCP, _CHECKPOINT),
+    "load_resharded": _rules("load_resharded", _DCP, _CHECKPOINT),
 }
 
 
-def in_sandbox(fn, what: str, allow=None, driver=None, forbid=None):
+def in_sandbox(fn, what: str, allow=None, driver=None, forbid=None, shared=()):
     """``fn`` as the workers will call it: in a sandbox of each rank, behind a host that carries its messages
     (``labsupport._sandbox``). ``allow`` names the ``torch.distributed`` calls the exercise may make (the others are
     refused with a message that names the rule); what the check reads (results, arguments, the ``CommCounter``'s
     record) is measured in the host, where the student's code never runs. ``driver`` (a function of a module that
     imports only the standard library, torch and labsupport) exercises a class or several functions there:
-    the call is ``driver(fn, ...)``, and what it returns is the student's answer, checked by the host."""
+    the call is ``driver(fn, ...)``, and what it returns is the student's answer, checked by the host. ``forbid``
+    maps built-ins the exercise rebuilds to their message (``BUILT_INS``); ``shared`` names folders every rank's
+    sandbox may read and write besides its own (a checkpoint's)."""
     from labsupport._sandbox import sandboxed
 
-    return sandboxed(fn, what, allow, forbid=forbid, driver=driver)
+    return sandboxed(fn, what, allow, forbid=forbid, driver=driver, shared=shared)
 
 
 #: What a check's message starts with when a warden refused something: the grader flags such a submission.

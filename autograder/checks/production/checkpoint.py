@@ -1,5 +1,14 @@
 """``save_sharded`` / ``load_resharded`` (09, exercise 4): the plan of a check (sizes, dtypes, world sizes), the
-saving and loading probes, and ``check_save_sharded``."""
+saving and loading probes, and ``check_save_sharded``.
+
+Both functions run in the sandbox (``drivers.save_watched``, ``drivers.load_measured``), which may read and write
+the folder the checkpoint lies in (``shared``) besides its own. The host reads what the kernel counted for the
+sandbox at the barriers around a load: the bytes it read (``rchar`` of ``/proc/<pid>/io``: everything passed
+through ``read`` and its kind, whichever code made the call) and its peak resident memory (``VmHWM``, reset through
+``clear_refs`` first; a memory-mapped file counts once its pages are touched). The paths a save opened for writing
+are its driver's report (an audit hook beside the student's code): they only word an honest mistake, the metadata
+written by every rank.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +19,13 @@ import tempfile
 
 import torch
 
-from .._common import call_student, draw_seed, run_on_workers, share, short
+from labsupport import CommCounter, _sandbox
+
+from .._common import BUILT_INS, draw_seed, in_sandbox, run_on_workers, share, short
 from .._common import stop_if_any as _stop_if_any
+from . import drivers
 from .crashes import check_crashes
-from .probes import _proc_io, _stop_watching, _watch_writes
-from .reference import _padded_shard, _values
+from .reference import _padded_shard, _values, call_disk, only_shared
 
 #: Seconds per probe: the checkpoint probes move tens of MB through the file system of a loaded machine.
 PROBE_TIMEOUT_PRODUCTION = 60.0
@@ -35,26 +46,20 @@ def _load_after_save(load_resharded, *args, world_size: int, what: str) -> None:
 
 
 def _save_probe(save, numel, dtype_name, tag, directory, die_rank=None):
-    import time
-
+    """Every rank saves its shard of checkpoint ``tag`` (``drivers.save_watched``; ``die_rank``'s sandbox is killed
+    a second after the call began); the paths each rank opened for writing, as its driver saw them, show a file that
+    several ranks wrote."""
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    dtype = getattr(torch, dtype_name)
-    shard = _padded_shard(_values(numel, dtype, tag), rank, world)
+    shard = _padded_shard(_values(numel, getattr(torch, dtype_name), tag), rank, world)
     keep = shard.clone()
-    if rank == die_rank:
-        time.sleep(1.0)  # the others have a second to write (and, without a barrier, to commit) first
-        os.kill(os.getpid(), 9)
-    _watch_writes()
-    try:
-        call_student(f"save_sharded(shard, {numel}, directory) on {world} ranks", save, shard, numel, directory)
-    finally:
-        written = _stop_watching()
+    written = call_disk(f"save_sharded(shard, {numel}, directory) on {world} ranks", save, shard, numel, directory,
+                        rank == die_rank)
     failure = None
-    if not torch.equal(shard, keep):
+    if not torch.equal(shard, keep):  # the shard as the sandbox left it, copied back onto the host's
         failure = f"save_sharded changed rank {rank}'s shard: leave the tensor you are given untouched."
-    reports = share((sorted(set(written)), failure))
+    reports = share((sorted(set(written)) if isinstance(written, list) else [], failure))
     if any(f for _, f in reports):
         raise AssertionError(next(f for _, f in reports if f))
     by_path = {}
@@ -70,10 +75,27 @@ def _save_probe(save, numel, dtype_name, tag, directory, die_rank=None):
     return None
 
 
+class _Readings(CommCounter):
+    """The sandbox's counters read by the host at the barriers of ``drivers.load_measured`` (the sandbox waits for
+    the host meanwhile): at the first, its peak reset and its resident size and bytes read; at the last, its peak
+    and bytes read. Nothing without a sandbox."""
+
+    def __init__(self):
+        super().__init__()
+        self.start, self.end, self.reset = None, None, False
+
+    def enter(self, call) -> None:
+        super().enter(call)
+        if call.is_comm and not call.in_comm and call.kind == "barrier" and _sandbox.pid() is not None:
+            if self.start is None:
+                self.reset = _sandbox.reset_peak()
+                self.start = (_sandbox.memory(), _sandbox.io())
+            else:
+                self.end = (_sandbox.memory(), _sandbox.io())
+
+
 def _load_probe(load, numel, dtype_name, tag, directory, saved_world, check_memory, what_before):
     import torch.distributed as dist
-
-    from labsupport.lessons.production import PeakMemory
 
     rank, world = dist.get_rank(), dist.get_world_size()
     dtype = getattr(torch, dtype_name)
@@ -83,14 +105,15 @@ def _load_probe(load, numel, dtype_name, tag, directory, saved_world, check_memo
     what = f"load_resharded(directory) on {world} ranks of a checkpoint saved on {saved_world}{what_before}"
     # a first call warms up what any loader needs once (imports read .py files, the allocator grows its arenas);
     # the second is measured
-    first = call_student(what, load, directory)
-    del first
-    io0 = _proc_io()
-    with PeakMemory() as peak:  # the kernel's peak resident memory, reset on entry
-        got = call_student(what, load, directory)
-    io1 = _proc_io()
+    load(directory)
+    with _Readings() as readings:
+        outcome = load(directory)
     failure = None
-    if not isinstance(got, torch.Tensor):
+    got, storage = (outcome[1], outcome[2] if len(outcome) > 2 else None) if outcome[0] == "ok" else (None, None)
+    if outcome[0] != "ok":
+        hint = only_shared(outcome[1])
+        failure = f"{what} raised {outcome[1]} on rank {rank}: {outcome[2]}{hint}"
+    elif not isinstance(got, torch.Tensor):
         failure = f"{what}: rank {rank} got {short(got)}: return this rank's shard as a 1-D tensor."
     elif got.dtype != dtype:
         failure = (f"{what}: rank {rank} got dtype {got.dtype}, the checkpoint holds {dtype}: keep the dtype in the "
@@ -109,22 +132,26 @@ def _load_probe(load, numel, dtype_name, tag, directory, saved_world, check_memo
                       (f" (from checkpoint {'A' if tag == 1 else 'B'}, saved earlier)" if what_before else "")
                       + f": rank r of M needs elements [r*c, (r+1)*c) of the parameter; element e sits in the file "
                         f"of saving rank e // c_saved at position e % c_saved") + ".")
-    elif got.untyped_storage().nbytes() > needed + 64:
-        failure = (f"{what}: rank {rank}'s shard is a view of a buffer of {got.untyped_storage().nbytes()} bytes, its "
-                   f"own {needed}: the rest stays in memory; read only your range (or .clone() the slice).")
-    elif io0 and io1:
-        read = io1["rchar"] - io0["rchar"]
-        if read > needed * 1.25 + 128 * 1024:
-            failure = (f"{what}: rank {rank} read {read} bytes from files (the kernel's count), its shard is "
-                       f"{needed} bytes and the parameter {full_bytes}: seek to the byte ranges this rank needs and "
-                       "read only those (f.seek(offset); f.read(nbytes), or np.fromfile(f, dtype, count, offset)).")
-    grown = peak.grown
-    if failure is None and check_memory and world >= 4 and grown == grown:  # nan: no peak to reset on this system
-        if grown > 2.5 * needed + (2 << 20) and grown > 0.6 * full_bytes:
-            failure = (f"{what}: rank {rank}'s memory grew by {grown / 2**20:.1f} MiB during the load (the peak the "
-                       f"kernel saw), its shard is {needed / 2**20:.1f} MiB and the whole parameter "
-                       f"{full_bytes / 2**20:.1f} MiB: never build the full parameter; read each needed range straight "
-                       "into your shard.")
+    elif isinstance(storage, int) and storage > needed + 64:  # as the driver saw it: it words an honest mistake
+        failure = (f"{what}: rank {rank}'s shard is a view of a buffer of {storage} bytes, its own {needed}: the "
+                   "rest stays in memory; read only your range (or .clone() the slice).")
+    elif readings.start is not None:  # what the kernel counted for the sandbox, read by the host
+        (memory0, io0), (memory1, io1) = readings.start, readings.end or (None, None)
+        if (io0 is None or io1 is None) and os.path.exists("/proc/self/io"):  # it counts the host, not the sandbox
+            failure = (f"{what}: rank {rank}'s process hid its counters from the grader (/proc/<pid>/io): the bytes a "
+                       "load reads are part of the exercise.")
+        elif io0 is not None and io1 is not None and io1["rchar"] - io0["rchar"] > needed * 1.25 + 128 * 1024:
+            failure = (f"{what}: rank {rank} read {io1['rchar'] - io0['rchar']} bytes from files (the kernel's count), "
+                       f"its shard is {needed} bytes and the parameter {full_bytes}: seek to the byte ranges this rank "
+                       "needs and read only those (f.seek(offset); f.read(nbytes), or np.fromfile(f, dtype, count, "
+                       "offset)).")
+        elif check_memory and world >= 4 and readings.reset and memory0 and memory1:
+            grown = memory1["peak"] - memory0["rss"]
+            if grown > 2.5 * needed + (2 << 20) and grown > 0.6 * full_bytes:
+                failure = (f"{what}: rank {rank}'s memory grew by {grown / 2**20:.1f} MiB during the load (the peak "
+                           f"the kernel saw), its shard is {needed / 2**20:.1f} MiB and the whole parameter "
+                           f"{full_bytes / 2**20:.1f} MiB: never build the full parameter; read each needed range "
+                           "straight into your shard.")
     _stop_if_any(failure)
     return None
 
@@ -149,23 +176,28 @@ def check_save_sharded(save_sharded, load_resharded):
     """A checkpoint saved on N ranks loaded on M != N (odd sizes, padding): exact shards, only the needed bytes read,
     no full parameter in memory, metadata written once; a save killed half-way leaves the previous checkpoint; a
     save over a checkpoint of another world size and dtype replaces it; a crash at any step of a save leaves the
-    previous checkpoint or the new one (``crashes``)."""
+    previous checkpoint or the new one (``crashes``). Both functions run in the sandbox, which reads and writes the
+    folder the checkpoint lies in besides its own."""
     seed = draw_seed()
     (dtype, second_dtype), numel, first, loads, second = _checkpoint_plan(seed)
-    base = tempfile.mkdtemp(prefix="ckpt-check-")
+    base = os.path.realpath(tempfile.mkdtemp(prefix="ckpt-check-"))
     directory = os.path.join(base, "checkpoint")
     what = f"save_sharded / load_resharded (seed {seed}, Ψ = {numel}, {dtype} then {second_dtype})"
+    save = in_sandbox(save_sharded, "save_sharded", driver=drivers.save_watched, forbid=BUILT_INS["save_sharded"],
+                      shared=[base])
+    load = in_sandbox(load_resharded, "load_resharded", driver=drivers.load_measured,
+                      forbid=BUILT_INS["load_resharded"], shared=[base])
     try:
-        run_on_workers(_save_probe, save_sharded, numel, dtype, 1, directory, world_size=first, what=what,
+        run_on_workers(_save_probe, save, numel, dtype, 1, directory, world_size=first, what=what,
                        timeout=PROBE_TIMEOUT_PRODUCTION)
         if not os.path.exists(directory):
             raise AssertionError(f"{what}: after save_sharded(shard, numel, directory) on {first} ranks, nothing is "
                                  "at directory: save the checkpoint there (a directory of files).")
-        _load_after_save(load_resharded, numel, dtype, 1, directory, first, True, "", world_size=loads[0], what=what)
+        _load_after_save(load, numel, dtype, 1, directory, first, True, "", world_size=loads[0], what=what)
         # a save of checkpoint B during which one rank is killed: A must still load, with A's values
         die = first - 1
         try:
-            run_on_workers(_save_probe, save_sharded, numel, second_dtype, 2, directory, die_rank=die,
+            run_on_workers(_save_probe, save, numel, second_dtype, 2, directory, die_rank=die,
                            world_size=first, what=what, timeout=PROBE_TIMEOUT_PRODUCTION)
         except AssertionError:
             pass  # expected: rank `die` was killed, and the others stopped (or failed) in their save
@@ -174,7 +206,7 @@ def check_save_sharded(save_sharded, load_resharded):
                                  "saved anything: wait for every rank (dist.barrier()) before making the new "
                                  "checkpoint the current one.")
         try:
-            run_on_workers(_load_probe, load_resharded, numel, dtype, 1, directory, first, False,
+            run_on_workers(_load_probe, load, numel, dtype, 1, directory, first, False,
                            f", after a save of new values was interrupted (rank {die} was killed before it wrote)",
                            world_size=loads[1], what=what, timeout=PROBE_TIMEOUT_PRODUCTION)
         except AssertionError as exc:
@@ -183,11 +215,11 @@ def check_save_sharded(save_sharded, load_resharded):
                                  "checkpoint with os.replace / os.rename only after every rank has written "
                                  "(dist.barrier()), on rank 0.") from None
         # a complete save of B on another world size, over A: B loads
-        run_on_workers(_save_probe, save_sharded, numel, second_dtype, 2, directory, world_size=second, what=what,
+        run_on_workers(_save_probe, save, numel, second_dtype, 2, directory, world_size=second, what=what,
                        timeout=PROBE_TIMEOUT_PRODUCTION)
-        _load_after_save(load_resharded, numel, second_dtype, 2, directory, second, True,
+        _load_after_save(load, numel, second_dtype, 2, directory, second, True,
                          f", saved in {second_dtype} over an older checkpoint of {first} ranks in {dtype}",
                          world_size=first, what=what)
+        check_crashes(save_sharded, load_resharded, seed, f"save_sharded / load_resharded (seed {seed})", base)
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    check_crashes(save_sharded, load_resharded, seed, f"save_sharded / load_resharded (seed {seed})")

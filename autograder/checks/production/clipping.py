@@ -1,6 +1,6 @@
 """``clip_grad_norm_`` (09, exercise 2): a dense model of drawn tensors kept on the ranks as row shards, flat padded
-shards or replicated, the probe that runs the student's function on it under ``CommCounter``, and the hint that
-names the mistake behind a wrong norm."""
+shards or replicated, the probe that runs the student's function on them in the sandbox (``drivers.clip_once``, one
+call each) under the host's ``CommCounter``, and the hint that names the mistake behind a wrong norm."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import random
 
 import torch
 
-from .._common import call_student, draw_seed, run_on_workers, short
+from .._common import BUILT_INS, call_student, draw_seed, in_sandbox, run_on_workers, short
 from .._common import stop_if_any as _stop_if_any
+from . import drivers
 
 
 def _clip_model(seed: int, world: int, kinds=("row", "flat", "replicated", "row", "flat", "replicated", "frozen")):
@@ -58,19 +59,13 @@ def _local_params(model, rank: int, world: int):
     return params, replicated
 
 
-def _bucket(params):
-    """Make the gradients views of one flat buffer, as DDP's buckets and FSDP's flat shards hold them; returns the
-    buffer and each gradient's (start, end) in it (None without a gradient)."""
+def _spans(tensors):
+    """Each gradient's (start, end) in the flat buffer the driver makes of them (None without a gradient)."""
     spans, start = [], 0
-    for p in params:
-        spans.append(None if p.grad is None else (start, start + p.grad.numel()))
-        start += 0 if p.grad is None else p.grad.numel()
-    flat = torch.zeros(start)
-    for p, span in zip(params, spans):
-        if span is not None:
-            flat[span[0]:span[1]] = p.grad.reshape(-1)
-            p.grad = flat[span[0]:span[1]].view(p.shape)
-    return flat, spans
+    for _, g, _ in tensors:
+        spans.append(None if g is None else (start, start + g.numel()))
+        start += 0 if g is None else g.numel()
+    return spans
 
 
 def _pnorm(tensors, norm_type: float) -> float:
@@ -133,16 +128,16 @@ def _norm_hint(got, model, world, norm_type, local, each_rank):
     return fallback
 
 
-def _in_place_problem(params, before, flat, spans, wanted):
+def _in_place_problem(grads, same, flat, spans, wanted):
     """Whether the clipped gradients are the tensors the parameters had (views of ``flat``), clipped in place."""
-    for i, (p, g, span, w) in enumerate(zip(params, before, spans, wanted)):
+    for i, (g, kept, span, w) in enumerate(zip(grads, same, spans, wanted)):
         if w is None:
             continue
-        if p.grad is not g:
-            return (f"parameter {i}'s .grad is a new tensor after the call: the gradient it had was a view of a flat "
-                    "buffer (as DDP's buckets and FSDP's flat shards are), which still holds the unclipped values. "
-                    "Clip in place: p.grad.mul_(coef)")
         if not torch.allclose(flat[span[0]:span[1]].view(w.shape), w.to(flat.dtype), rtol=1e-4, atol=1e-6):
+            if not kept:
+                return (f"parameter {i}'s .grad is a new tensor after the call: the gradient it had was a view of a "
+                        "flat buffer (as DDP's buckets and FSDP's flat shards are), which still holds the unclipped "
+                        "values. Clip in place: p.grad.mul_(coef)")
             return (f"parameter {i}'s gradient was a view of a flat buffer (as DDP's buckets and FSDP's flat shards "
                     "are), and that buffer still holds the unclipped values: was the gradient's .data replaced? Clip "
                     "in place: p.grad.mul_(coef)")
@@ -157,17 +152,12 @@ def _clip_probe(clip, seed: int, trials: int):
     from labsupport import CommCounter
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    # subgroups: on 4 ranks, two tensor-parallel groups of 2 with different models
-    groups = [None]
-    if world == 4:
-        pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
-        groups.append(pairs[rank // 2])
+    # on 4 ranks also two tensor-parallel groups of 2 (made by the driver), with different models
     for trial in range(trials):
-        for gi, group in enumerate(groups):
-            g_rank = rank if group is None else rank % 2
-            g_world = world if group is None else 2
-            sub = "" if group is None else f", group = ranks {[2 * (rank // 2), 2 * (rank // 2) + 1]}"
-            model_seed = seed + 101 * trial + 17 * gi + (0 if group is None else 1000 * (rank // 2))
+        for gi, pairs in enumerate([False, True] if world == 4 else [False]):
+            g_rank, g_world = (rank % 2, 2) if pairs else (rank, world)
+            sub = f", group = ranks {[2 * (rank // 2), 2 * (rank // 2) + 1]}" if pairs else ""
+            model_seed = seed + 101 * trial + 17 * gi + (1000 * (rank // 2) if pairs else 0)
             rng = random.Random(model_seed)
             norm_type = (2.0, math.inf, rng.choice([1.0, 3.0]), 2.0)[trial % 4]
             single = trial % 4 == 3
@@ -182,16 +172,13 @@ def _clip_probe(clip, seed: int, trials: int):
             max_norm = total * rng.choice([0.1, 0.5, 2.0]) if trial % 2 == 0 else total * 0.3
             expected = torch.nn.utils.clip_grad_norm_(dense[0] if single else dense, max_norm, norm_type)
             params, replicated = _local_params(model, g_rank, g_world)
-            flat, spans = _bucket(params)
-            before = [p.grad for p in params]
+            tensors = [(p.detach().clone(), None if p.grad is None else p.grad.clone(), p.requires_grad)
+                       for p in params]
+            spans = _spans(tensors)
             as_generator = trial % 4 == 1
-            arg = params[0] if single else (p for p in params) if as_generator else params
-            kwargs = {"group": group} if single else {"group": group, "replicated": replicated}
-            args = (arg, max_norm)
-            if trial % 4 == 1:
-                args += (norm_type,)
-            elif trial % 4 == 2:
-                kwargs["norm_type"] = norm_type
+            form = "single" if single else "generator" if as_generator else "list"
+            norm_arg = {1: "positional", 2: "keyword"}.get(trial % 4)
+            shared = [i for i, p in enumerate(params) if any(p is r for r in replicated)]
             shown = (", inf" if trial % 4 == 1 else f", norm_type={norm_type:g}" if trial % 4 == 2 else "")
             setup = (f"clip_grad_norm_(params, max_norm={max_norm:.4g}{shown}, group=..., replicated=["
                      f"{len(replicated)} tensors]) on {world} ranks{sub}, {len(params)} parameters (row shards, "
@@ -205,8 +192,9 @@ def _clip_probe(clip, seed: int, trials: int):
                 theirs = [p.grad for p in _local_params(model, r, g_world)[0]]
                 each_rank.append(_pnorm(theirs, norm_type))
             local = each_rank[g_rank]
-            with CommCounter() as cc:
-                got = call_student(setup, clip, *args, **kwargs)
+            with CommCounter() as cc:  # the host's record of what the sandbox asked it to carry
+                out = call_student(setup, clip, tensors, shared, max_norm, norm_type, form, norm_arg, pairs)
+            got, grads = out["norm"], out["grads"]
             failure = None
             if not cc.calls:
                 failure = (f"{setup}: rank {rank} made no communication call: a rank holds only its shards, so "
@@ -221,15 +209,16 @@ def _clip_probe(clip, seed: int, trials: int):
                            f"{float(expected):.6g}: {hint}.")
             else:
                 wanted = _expected_local_grads(model, [p.grad for p in dense], g_rank, g_world)
-                for i, (p, w) in enumerate(zip(params, wanted)):
+                for i, (g, w) in enumerate(zip(grads, wanted)):
                     if w is None:
                         continue
-                    if p.grad is None or not torch.allclose(p.grad, w.to(p.grad.dtype), rtol=1e-4, atol=1e-6):
+                    if not isinstance(g, torch.Tensor) or g.shape != w.shape or \
+                            not torch.allclose(g, w.to(g.dtype), rtol=1e-4, atol=1e-6):
                         kind = model[i][0]
-                        ratio = (float(p.grad.norm() / w.norm()) if p.grad is not None and float(w.norm())
-                                 else float("nan"))
+                        ratio = (float(g.norm() / w.norm()) if isinstance(g, torch.Tensor) and g.shape == w.shape
+                                 and float(w.norm()) else float("nan"))
                         failure = (f"{setup}: after the call, rank {rank}'s gradient of parameter {i} ({kind}) is "
-                                   f"{short(p.grad)}, expected {short(w)} (yours / expected = {ratio:.4g}): scale "
+                                   f"{short(g)}, expected {short(w)} (yours / expected = {ratio:.4g}): scale "
                                    "every gradient, replicated ones included, in place by min(1, max_norm / (norm + "
                                    "1e-6)); never scale up."
                                    + (" The parameters came as a generator (as model.parameters() gives them), "
@@ -238,7 +227,7 @@ def _clip_probe(clip, seed: int, trials: int):
                                       "gives its rows)." if single else ""))
                         break
                 else:
-                    problem = _in_place_problem(params, before, flat, spans, wanted)
+                    problem = _in_place_problem(grads, out["same"], out["flat"], spans, wanted)
                     if problem:
                         failure = f"{setup}: on rank {rank}, {problem}."
             if failure is None:
@@ -252,7 +241,7 @@ def _clip_probe(clip, seed: int, trials: int):
                     failure = (f"{setup}: rank {rank} all-reduced {reduces[0].nbytes} bytes: one number (the local "
                                "sum of |g|**norm_type, or the largest |g|) is enough, whatever the number of "
                                "parameters.")
-                elif group is not None and tuple(reduces[0].group) != (2 * (rank // 2), 2 * (rank // 2) + 1):
+                elif pairs and tuple(reduces[0].group) != (2 * (rank // 2), 2 * (rank // 2) + 1):
                     failure = (f"{setup}: rank {rank}'s all-reduce went over ranks {list(reduces[0].group)}: pass "
                                "group=group to dist.all_reduce.")
             if _stop_if_any(failure):
@@ -265,6 +254,7 @@ def check_clip_grad_norm_(clip_grad_norm_):
     dense model's norm (2, inf and a drawn p) and clipped gradients, in place; one Tensor alone; one all-reduce of one
     number over the given group."""
     seed = draw_seed()
+    fn = in_sandbox(clip_grad_norm_, "clip_grad_norm_", driver=drivers.clip_once, forbid=BUILT_INS["clip_grad_norm_"])
     for world in (2, 3, 4, 5):
-        run_on_workers(_clip_probe, clip_grad_norm_, seed + world, 4, world_size=world,
+        run_on_workers(_clip_probe, fn, seed + world, 4, world_size=world,
                        what=f"clip_grad_norm_ (seed {seed})")

@@ -1,17 +1,21 @@
 """A crash at every step of a save (09, exercise 4): the previous checkpoint or the new one must load, complete.
 
-A small checkpoint A is saved on 3 ranks; then B (another dtype, other values) is saved over it on 2 ranks while
-every rank's audit hook (``probes``) stops the save just before each step that changes what is on disk, and copies
-the whole folder the checkpoint lives in: what a crash of the job at that moment would leave. An ``open`` that
-creates or empties a file gives a second copy with that file empty (a crash while it was being written). The ranks
-take those copies one at a time (a lock file); a copy during which another rank renamed or deleted something is
-taken again, so that every copy is a state the folder was really in. Then ``load_resharded`` on 3 ranks reads each
-distinct state: every rank must get its shard of A, or every rank its shard of B.
+A small checkpoint A is saved on 3 ranks; then B (another dtype, other values) is saved over it on 2 ranks, in
+sandboxes that may write only the folder the checkpoint lives in. Each sandbox's driver (``drivers.save_stopped``:
+an audit hook) stops the save just before each step that changes what is on disk and marks it; at the mark the
+rank's host, which the sandbox waits for, copies the whole folder: what a crash of the job at that moment would
+leave. An ``open`` that creates or empties a file gives a second copy with that file empty (a crash while it was
+being written). The hosts take those copies one at a time (a lock file); a copy during which another rank renamed or
+deleted something is taken again, so that every copy is a state the folder was really in. Then ``load_resharded``
+on 3 ranks, in sandboxes that may read the copies, reads each distinct state: every rank must get its shard of A, or
+every rank its shard of B. The moments are the save's own file-system calls as Python announces them: a save that
+changed the disk where Python raises no audit event (through ``ctypes``) would be stopped at fewer points.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 import shutil
@@ -19,9 +23,11 @@ import tempfile
 
 import torch
 
-from .._common import call_student, run_on_workers, short
-from .probes import _stop_steps, _watch_steps
-from .reference import _padded_shard, _values
+from labsupport import CommCounter
+
+from .._common import BUILT_INS, in_sandbox, run_on_workers, short
+from . import drivers
+from .reference import _padded_shard, _values, call_disk
 
 #: Seconds per probe of the crash sweep: a few hundred elements, but dozens of copies on a loaded machine.
 PROBE_TIMEOUT_CRASHES = 60.0
@@ -70,7 +76,7 @@ def _fingerprint(root: str) -> str:
 
 
 def _snapshotter(root: str, states: str, lock: str, taken: list):
-    """The callback for ``probes._watch_steps``: copy ``root`` into ``states`` before each step."""
+    """What a host does at each mark of ``drivers.save_stopped``: copy ``root`` into ``states``."""
     import fcntl
 
     def take(description: str, emptied: str | None) -> None:
@@ -88,9 +94,13 @@ def _snapshotter(root: str, states: str, lock: str, taken: list):
                             continue
                         if _listing(root) == before:
                             break
-                    if version:
-                        target = os.path.join(name, os.path.relpath(emptied, root))
-                        with open(target, "wb"):
+                    if version:  # the path comes from the sandbox: emptied only inside the copy, never through a link
+                        target = os.path.normpath(os.path.join(name, os.path.relpath(emptied, root)))
+                        try:
+                            inside = os.path.join(os.path.realpath(os.path.dirname(target)), "")
+                            if inside.startswith(os.path.join(os.path.realpath(name), "")):
+                                os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW))
+                        except OSError:
                             pass
                     taken.append((os.path.basename(name), description, version))
             finally:
@@ -99,19 +109,38 @@ def _snapshotter(root: str, states: str, lock: str, taken: list):
     return take
 
 
+class _Stops(CommCounter):
+    """Calls ``take(description, emptied)`` at each mark of ``drivers.save_stopped``: a broadcast on this rank's own
+    group whose bytes name the step (longer than the scenario marks)."""
+
+    def __init__(self, rank: int, take):
+        super().__init__()
+        self.rank, self.take = rank, take
+
+    def enter(self, call) -> None:
+        super().enter(call)
+        if call.is_comm and not call.in_comm and call.kind == "broadcast" and tuple(call.group) == (self.rank,) \
+                and call.nbytes > len(drivers.STEPPED):
+            try:  # ProcessGroup.broadcast([tensor], options)
+                description, emptied = json.loads(call.args[0][0].numpy().tobytes().decode())
+            except (IndexError, TypeError, AttributeError, ValueError):
+                return
+            self.take(str(description), emptied if isinstance(emptied, str) else None)
+
+
 def _save_probe(save, numel, dtype_name, tag, directory, root=None, states=None, lock=None):
-    """Every rank saves its shard of checkpoint ``tag``; with ``states``, copying ``root`` before each step."""
+    """Every rank saves its shard of checkpoint ``tag``; with ``states``, ``root`` copied there at each step."""
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
     shard = _padded_shard(_values(numel, getattr(torch, dtype_name), tag), rank, world)
+    what = f"save_sharded(shard, {numel}, directory) on {world} ranks"
+    if states is None:
+        call_disk(what, save, shard, numel, directory)
+        return []
     taken = []
-    if states is not None:
-        _watch_steps(root, _snapshotter(os.path.realpath(root), states, lock, taken))
-    try:
-        call_student(f"save_sharded(shard, {numel}, directory) on {world} ranks", save, shard, numel, directory)
-    finally:
-        _stop_steps()
+    with _Stops(rank, _snapshotter(os.path.realpath(root), states, lock, taken)):
+        call_disk(what, save, shard, numel, directory, root)
     return taken
 
 
@@ -123,14 +152,11 @@ def _load_probe(load, numel, versions, directories):
     shards = {name: _padded_shard(_values(numel, getattr(torch, dtype), tag), rank, world)
               for name, (dtype, tag) in versions.items()}
     out = []
-    for directory in directories:
-        try:
-            got = load(directory)
-        except NotImplementedError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - any failure to load is what the crash left
-            out.append(f"rank {rank} raised {type(exc).__name__}: {str(exc)[:300]}")
+    for outcome in load(directories):
+        if outcome[0] != "ok":
+            out.append(f"rank {rank} raised {outcome[1]}: {str(outcome[2])[:300]}")
             continue
+        got = outcome[1]
         for name, shard in shards.items():
             if isinstance(got, torch.Tensor) and got.dtype == shard.dtype and got.shape == shard.shape and \
                     torch.equal(got, shard):
@@ -152,22 +178,29 @@ def _outcome(verdicts: list) -> str | None:
     return f"ranks {old} loaded the previous checkpoint and the others the new one"
 
 
-def check_crashes(save_sharded, load_resharded, seed: int, what: str) -> None:
+def check_crashes(save_sharded, load_resharded, seed: int, what: str, shared: str) -> None:
     """A crash just before every step of a save of B over A (and while each file it creates is written): the folder
-    then loads as A or as B on every rank."""
+    then loads as A or as B on every rank. The saves run in ``shared``, a folder the caller's sandboxes already
+    share (so they are kept); the copies lie elsewhere, open to the loads' sandboxes only."""
     rng = random.Random(seed)
     numel = 2 * rng.randint(150, 400) + 1
     dtype_a, dtype_b = rng.choice([("float32", "float64"), ("float64", "float32"), ("float32", "bfloat16")])
     base = os.path.realpath(tempfile.mkdtemp(prefix="ckpt-crashes-"))
-    root, states, lock = (os.path.join(base, name) for name in ("folder", "states", "lock"))
+    root, states, lock = os.path.join(shared, "crashes"), os.path.join(base, "states"), os.path.join(base, "lock")
     directory = os.path.join(root, "checkpoint")
     label = f"{what}, a crash at every step of a save (Ψ = {numel})"
     try:
         os.makedirs(root)
         os.makedirs(states)
-        run_on_workers(_save_probe, save_sharded, numel, dtype_a, 1, directory, world_size=3, what=label,
+        plain = in_sandbox(save_sharded, "save_sharded", driver=drivers.save_watched, forbid=BUILT_INS["save_sharded"],
+                           shared=[shared])
+        stopped = in_sandbox(save_sharded, "save_sharded", driver=drivers.save_stopped,
+                             forbid=BUILT_INS["save_sharded"], shared=[shared])
+        loads = in_sandbox(load_resharded, "load_resharded", driver=drivers.load_each,
+                           forbid=BUILT_INS["load_resharded"], shared=[states])
+        run_on_workers(_save_probe, plain, numel, dtype_a, 1, directory, world_size=3, what=label,
                        timeout=PROBE_TIMEOUT_CRASHES)
-        taken = run_on_workers(_save_probe, save_sharded, numel, dtype_b, 2, directory, root, states, lock,
+        taken = run_on_workers(_save_probe, stopped, numel, dtype_b, 2, directory, root, states, lock,
                                world_size=2, what=label, timeout=PROBE_TIMEOUT_CRASHES)
         points = sorted((name, rank, description, emptied) for rank, steps in enumerate(taken)
                         for name, description, emptied in steps)
@@ -175,7 +208,7 @@ def check_crashes(save_sharded, load_resharded, seed: int, what: str) -> None:
         for name, rank, description, emptied in points:
             first.setdefault(_fingerprint(os.path.join(states, name)), (name, rank, description, emptied))
         distinct = sorted(first.values())
-        verdicts = run_on_workers(_load_probe, load_resharded, numel, {"A": (dtype_a, 1), "B": (dtype_b, 2)},
+        verdicts = run_on_workers(_load_probe, loads, numel, {"A": (dtype_a, 1), "B": (dtype_b, 2)},
                                   [os.path.join(states, name, "checkpoint") for name, *_ in distinct],
                                   world_size=3, what=label, timeout=PROBE_TIMEOUT_CRASHES)
         for i, (name, rank, description, emptied) in enumerate(distinct):

@@ -1,5 +1,6 @@
-"""The values of a checkpoint the checks of ``save_sharded`` / ``load_resharded`` save, and a rank's shard of them in
-notebook 07's layout (flat, padded with zeros to N·c, c = ceil(Ψ/N))."""
+"""What the checks of ``save_sharded`` / ``load_resharded`` share: the values of a checkpoint they save, a rank's
+shard of them in notebook 07's layout (flat, padded with zeros to N·c, c = ceil(Ψ/N)), and how they call the
+student's functions."""
 
 from __future__ import annotations
 
@@ -21,3 +22,21 @@ def _padded_shard(full, rank: int, world: int):
     piece = full[rank * c:(rank + 1) * c]
     out[:piece.numel()] = piece
     return out
+
+
+def only_shared(exc_name: str) -> str:
+    """What a message adds when the sandbox refused the answer a file (``PermissionError``): the folders it may use."""
+    if exc_name != "PermissionError":
+        return ""
+    return (" While grading, the ranks share one folder, the one the checkpoint directory lies in: save and load "
+            "there (and in the working folder, which is each rank's own), nowhere else.")
+
+
+def call_disk(what: str, fn, *args):
+    """``call_student`` for the checkpoint's functions, with ``only_shared``'s hint."""
+    try:
+        return fn(*args)
+    except (NotImplementedError, AssertionError):
+        raise
+    except Exception as exc:
+        raise AssertionError(f"{what} raised {type(exc).__name__}: {exc}{only_shared(type(exc).__name__)}") from None

@@ -1,5 +1,6 @@
 """``shard_indices`` (09, exercise 1): ``DistributedSampler``'s indices, taken from ``DistributedSampler`` itself,
-drawn cases against them, and a hint for the likeliest mistake behind a wrong list."""
+drawn cases against them (the student's function runs them all in one call in a sandbox, ``drivers.deal``), and a
+hint for the likeliest mistake behind a wrong list."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import random
 
 import torch
 
-from .._common import call_student, draw_seed, short
+from .._common import BUILT_INS, draw_seed, in_sandbox, run_on_workers, short
+from . import drivers
 
 
 class _Range:
@@ -70,8 +72,13 @@ def _diagnose_indices(got, num_samples, num_replicas, rank, epoch, seed, shuffle
     return "without shuffling the list starts as 0, 1, ..., num_samples - 1"
 
 
+def _deal_probe(fn, cases, global_seeds, bad_ranks):
+    return fn(cases, global_seeds, bad_ranks)
+
+
 def check_shard_indices(shard_indices):
-    """Drawn sizes, ranks, epochs, seeds, shuffle and drop_last against DistributedSampler; ValueError for a bad rank."""
+    """Drawn sizes, ranks, epochs, seeds, shuffle and drop_last against DistributedSampler; ValueError for a bad rank.
+    Every call runs in a one-rank sandbox, where ``DistributedSampler`` itself raises."""
     seed0 = draw_seed()
     rng = random.Random(seed0)
     cases = [(10, 3, r, 0, 0, True, False) for r in range(3)] + [(2, 5, r, 1, 3, True, False) for r in range(5)]
@@ -81,17 +88,19 @@ def check_shard_indices(shard_indices):
         world = rng.choice([1, 2, 3, 4, 5, 7, 8])
         cases.append((n, world, rng.randrange(world), rng.randint(0, 9), rng.randint(0, 1000), rng.random() < 0.8,
                       rng.random() < 0.4))
-    for n, world, rank, epoch, seed, shuffle, drop_last in cases:
-        if drop_last and n < world:
-            drop_last = False  # DistributedSampler itself gives every rank nothing: legal, but not instructive
+    # with drop_last and fewer samples than ranks DistributedSampler gives every rank nothing: legal, not instructive
+    cases = [case[:6] + (case[6] and case[0] >= case[1],) for case in cases]
+    global_seeds = [rng.randint(0, 10**6) for _ in cases]  # the global state must not matter
+    bad_ranks = [(10, 3, 3), (10, 3, -1), (5, 2, 7)]
+    fn = in_sandbox(shard_indices, "shard_indices", driver=drivers.deal, forbid=BUILT_INS["shard_indices"])
+    outcomes = run_on_workers(_deal_probe, fn, cases, global_seeds, bad_ranks, world_size=1,
+                              what=f"shard_indices (seed {seed0})")[0]
+    for (n, world, rank, epoch, seed, shuffle, drop_last), outcome in zip(cases, outcomes):
         call = (f"shard_indices({n}, {world}, {rank}, epoch={epoch}, seed={seed}, shuffle={shuffle}, "
                 f"drop_last={drop_last})")
-        torch.manual_seed(rng.randint(0, 10**6))  # the global state must not matter
-        try:
-            got = call_student(call, shard_indices, n, world, rank, epoch=epoch, seed=seed, shuffle=shuffle,
-                               drop_last=drop_last)
-        except NotImplementedError:
-            raise AssertionError("shard_indices is not started: it still raises NotImplementedError.") from None
+        if outcome[0] != "ok":
+            raise AssertionError(f"{call} raised {outcome[1]}: {outcome[2]}")
+        got = outcome[1]
         if isinstance(got, torch.Tensor):
             raise AssertionError(f"{call} returned a tensor: return a list of ints (.tolist()).")
         if not isinstance(got, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in got):
@@ -101,22 +110,17 @@ def check_shard_indices(shard_indices):
             hint = _diagnose_indices(list(got), n, world, rank, epoch, seed, shuffle, drop_last)
             raise AssertionError(f"{call} = {short(list(got))}, DistributedSampler gives {short(expected)}: {hint} "
                                  f"(seed {seed0}).")
-    for bad in [(10, 3, 3), (10, 3, -1), (5, 2, 7)]:
+    for bad, outcome in zip(bad_ranks, outcomes[len(cases):]):
         wanted = _sampler_error(*bad)
-        try:
-            shard_indices(*bad)
-        except ValueError as exc:
-            if str(exc) != wanted:
-                raise AssertionError(f"shard_indices{bad} raised ValueError({str(exc)!r}): say what "
-                                     f"DistributedSampler says, ValueError({wanted!r}).") from None
-            continue
-        except NotImplementedError:
-            raise AssertionError("shard_indices is not started: it still raises NotImplementedError.") from None
-        except Exception as exc:
-            raise AssertionError(f"shard_indices{bad} raised {type(exc).__name__}: raise ValueError({wanted!r}) "
-                                 "when rank is not in [0, num_replicas), as DistributedSampler does.") from None
-        raise AssertionError(f"shard_indices{bad} returned instead of raising ValueError({wanted!r}): rank must "
-                             "be in [0, num_replicas), as DistributedSampler requires.")
+        if outcome[0] == "ok":
+            raise AssertionError(f"shard_indices{bad} returned instead of raising ValueError({wanted!r}): rank must "
+                                 "be in [0, num_replicas), as DistributedSampler requires.")
+        if outcome[1] != "ValueError":
+            raise AssertionError(f"shard_indices{bad} raised {outcome[1]}: raise ValueError({wanted!r}) when rank is "
+                                 "not in [0, num_replicas), as DistributedSampler does.")
+        if outcome[2] != wanted:
+            raise AssertionError(f"shard_indices{bad} raised ValueError({outcome[2]!r}): say what "
+                                 f"DistributedSampler says, ValueError({wanted!r}).")
 
 
 def _sampler_error(num_samples, num_replicas, rank) -> str:
