@@ -87,6 +87,22 @@ def test_any_call_goes_through_when_the_exercise_allows_it():
     torch.testing.assert_close(ranks[1]["x"], torch.arange(6, dtype=torch.float32) * 2 + 1)
 
 
+def coalesced(tensor):
+    parts = [tensor[:2].clone(), tensor[2:].clone()]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # all_reduce_coalesced is deprecated
+        dist.all_reduce_coalesced(parts)
+    tensor.copy_(torch.cat(parts))
+
+
+def test_an_all_reduce_of_several_tensors_reduces_each_in_one_call():
+    """all_reduce_coalesced: every tensor of the list is reduced, in one all-reduce of their bytes."""
+    ranks = run(coalesced, n=2, allow=None)
+    for got in ranks:
+        assert got["calls"] == [("all_reduce", None, 24)]
+        torch.testing.assert_close(got["x"], torch.arange(6, dtype=torch.float32) * 2 + 1)
+
+
 def returns_a_subclass(tensor):
     class Later(torch.Tensor):
         @classmethod
