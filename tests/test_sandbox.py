@@ -103,6 +103,19 @@ def test_an_all_reduce_of_several_tensors_reduces_each_in_one_call():
         torch.testing.assert_close(got["x"], torch.arange(6, dtype=torch.float32) * 2 + 1)
 
 
+def changes_it_in_flight(tensor):
+    work = dist.all_reduce(tensor, async_op=True)
+    tensor /= dist.get_world_size()  # a race on a worker: the all-reduce writes into this tensor while it runs
+    work.wait()
+
+
+def test_a_tensor_changed_while_its_all_reduce_runs_is_an_error():
+    """On a worker the outcome depends on when the all-reduce finishes; through the host it would always be the sum
+    (the result lands at wait()), hiding the race: it is an error that says so."""
+    with pytest.raises(labsupport.WorkerError, match=r"was changed before its wait\(\)"):
+        run(changes_it_in_flight, n=2, allow=None)
+
+
 def returns_a_subclass(tensor):
     class Later(torch.Tensor):
         @classmethod
