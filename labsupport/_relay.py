@@ -43,15 +43,22 @@ def _fill(tensor: torch.Tensor, item) -> None:
 class RelayWork(dist.Work):
     """What a relayed call returns: ``wait()`` asks the host to wait for the real request, then fills the outputs."""
 
-    def __init__(self, relay, handle, outputs=(), then=None):
+    def __init__(self, relay, handle, outputs=(), then=None, sent=None):
         super().__init__()
         self._relay, self._handle, self._outputs, self._then = relay, handle, list(outputs), then
+        self._sent = sent  # what an in-place all-reduce handed over: its tensors must hold it until wait()
         self._done = handle is None
 
     def wait(self, timeout=None):
         if not self._done:
             self._done = True
-            self.fill(self._relay.request("wait", self._handle))
+            data = self._relay.request("wait", self._handle)
+            if self._sent is not None and any(raw(t)[2] != b for t, b in zip(self._outputs, self._sent)):
+                raise RuntimeError(
+                    "the tensor of an all_reduce(..., async_op=True) was changed before its wait(): the all-reduce "
+                    "writes its result into that tensor while it runs, so a change made before wait() returns is "
+                    "mixed with the result or lost. Change it only after wait() (or before the all_reduce call).")
+            self.fill(data)
         return True
 
     def fill(self, data) -> None:
@@ -114,7 +121,8 @@ class Relay(dist.ProcessGroup):
         blocking = _blocking()
         answer = self.request(kind, blocking, *args)
         if not blocking:
-            return RelayWork(self, answer, outputs, then)
+            sent = [item[2] for item in args[0]] if kind == "all_reduce" else None
+            return RelayWork(self, answer, outputs, then, sent)
         work = RelayWork(self, None, outputs, then)
         work.fill(answer)
         return work

@@ -106,9 +106,10 @@ def _own_file(module) -> bool:
     own packages)."""
     import sysconfig
 
-    path = os.path.realpath(getattr(module, "__file__", None) or "")
-    if not path:
+    file = getattr(module, "__file__", None)
+    if not file:  # built-in modules (``builtins``: what code exec'd without a __name__ says it comes from)
         return False
+    path = os.path.realpath(file)
     here = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
     libraries = {os.path.realpath(p) for p in sysconfig.get_paths().values()}
     ours = (os.path.join(here, "labsupport", ""), os.path.join(here, "autograder", ""))

@@ -218,7 +218,7 @@ class _Host:
             work, outputs, entry = self.pending.pop(args[0])
             done = work.wait()
             if isinstance(work, _Then):
-                outputs = [done]
+                outputs = done if isinstance(done, list) else [done]
             entry[4], entry[6] = time.perf_counter(), self.cpu()
             return [raw(t) for t in outputs] if outputs is not None else None
         blocking, args = args[0], args[1:]
@@ -261,7 +261,7 @@ class _Host:
         if blocking:
             done = work.wait() if work is not None else None
             if isinstance(work, _Then):
-                outputs = [done]
+                outputs = done if isinstance(done, list) else [done]
             entry[4], entry[6] = time.perf_counter(), cpu_posted
             return [raw(t) for t in outputs] if outputs is not None else None
         handle = self.next_handle
@@ -280,7 +280,12 @@ class _Host:
                "BOR": dist.ReduceOp.BOR, "BXOR": dist.ReduceOp.BXOR}
         if kind == "all_reduce":
             ts = [unraw(x) for x in args[0]]
-            return dist.all_reduce(ts[0], ops[args[1]], group=group, async_op=True), ts, None
+            if len(ts) == 1:
+                return dist.all_reduce(ts[0], ops[args[1]], group=group, async_op=True), ts, None
+            # several tensors in one call (all_reduce_coalesced): one all-reduce of them flattened, as gloo does it
+            flat = torch.cat([t.reshape(-1) for t in ts])
+            work = dist.all_reduce(flat, ops[args[1]], group=group, async_op=True)
+            return _Then(work, lambda: list(flat.split([t.numel() for t in ts]))), ts, None
         if kind == "broadcast":
             ts = [unraw(x) for x in args[0]]
             return dist.broadcast(ts[0], ranks[args[1]], group=group, async_op=True), ts, ranks[args[1]]

@@ -2,11 +2,11 @@
 
 Each cheat is written as a student would write it and compiled as the judge compiles a submission's cells (file
 name ``<student code: ...>``); the real check then runs it on real workers, as the judge's workers do
-(``tests/conftest.py`` sets ``LABSUPPORT_WARDEN=1``). 01's and 02's checks run the student's function in a sandbox
+(``tests/conftest.py`` sets ``LABSUPPORT_WARDEN=1``). 01's, 02's and 03's checks run the student's code in a sandbox
 behind its host (``labsupport/_sandbox.py``): there the recording, the check's frames and objects and the grader
-are out of reach, a patch changes only the sandbox, and the built-in the cheat falls back on is refused; 03's
-checks still share the worker with the student's code, under the warden (``labsupport/_warden.py``). Every cheat
-must lose its points, with a message that says why; the honest answer beside it keeps them.
+are out of reach, a patch changes only the sandbox, and the built-in the cheat falls back on is refused; 04's
+layout of two groups still shares the worker with the student's code, under the warden (``labsupport/_warden.py``).
+Every cheat must lose its points, with a message that says why; the honest answer beside it keeps them.
 """
 
 from pathlib import Path
@@ -289,7 +289,8 @@ class OverlapDDP(nn.Module):
 
 
 def test_invented_records_do_not_make_a_blocking_ddp_overlap():
-    """03: what the check reads while backward runs comes from the warden's record, not from the counter's list."""
+    """03: when each all-reduce was posted is read from the host's record, where the sandbox's invented records
+    never arrive."""
     from autograder.checks import data_parallel as D
 
     with pytest.raises(AssertionError) as info:

@@ -87,6 +87,35 @@ def test_any_call_goes_through_when_the_exercise_allows_it():
     torch.testing.assert_close(ranks[1]["x"], torch.arange(6, dtype=torch.float32) * 2 + 1)
 
 
+def coalesced(tensor):
+    parts = [tensor[:2].clone(), tensor[2:].clone()]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # all_reduce_coalesced is deprecated
+        dist.all_reduce_coalesced(parts)
+    tensor.copy_(torch.cat(parts))
+
+
+def test_an_all_reduce_of_several_tensors_reduces_each_in_one_call():
+    """all_reduce_coalesced: every tensor of the list is reduced, in one all-reduce of their bytes."""
+    ranks = run(coalesced, n=2, allow=None)
+    for got in ranks:
+        assert got["calls"] == [("all_reduce", None, 24)]
+        torch.testing.assert_close(got["x"], torch.arange(6, dtype=torch.float32) * 2 + 1)
+
+
+def changes_it_in_flight(tensor):
+    work = dist.all_reduce(tensor, async_op=True)
+    tensor /= dist.get_world_size()  # a race on a worker: the all-reduce writes into this tensor while it runs
+    work.wait()
+
+
+def test_a_tensor_changed_while_its_all_reduce_runs_is_an_error():
+    """On a worker the outcome depends on when the all-reduce finishes; through the host it would always be the sum
+    (the result lands at wait()), hiding the race: it is an error that says so."""
+    with pytest.raises(labsupport.WorkerError, match=r"was changed before its wait\(\)"):
+        run(changes_it_in_flight, n=2, allow=None)
+
+
 def returns_a_subclass(tensor):
     class Later(torch.Tensor):
         @classmethod

@@ -1,71 +1,66 @@
 """Recognising a wrong answer and wording its message: parameters, buffers and gradients that differ from the
-oracle's, all-reduces of the wrong number or sizes, all-reduces launched late."""
+oracle's, all-reduces of the wrong number or sizes, all-reduces launched late (from the order of the host's record)."""
 
 from __future__ import annotations
 
 import math
 from collections import Counter
 
+import torch
+
 from .._common import close, short
-from .model import UNUSED, _names
-from .reference import _bucket_bytes, _layout
+from .drivers import INSIDE, UNUSED, _names
+from .reference import _bucket_bytes, _layout, backward_events
 
 
 def _close(a, b) -> bool:
     return close(a, b)
 
 
-def _state_mismatch(model, reference, what: str, hint: str):
-    """The first parameter or buffer of ``model`` that differs from ``reference``'s, as a message (or None)."""
-    ref_buffers = dict(reference.named_buffers())
-    ref = dict(reference.named_parameters())
-    ref.update(ref_buffers)
-    got = dict(model.named_parameters())
-    got.update(dict(model.named_buffers()))
-    for name, expected in ref.items():
+def _state_mismatch(got, expected: dict, buffers, what: str, hint: str):
+    """The first parameter or buffer in ``expected`` (name -> tensor) that ``got`` (what the driver returned) does
+    not hold, as a message (or None). ``buffers``: the names that are buffers (for the message)."""
+    got = got if type(got) is dict else {}
+    for name, want in expected.items():
         value = got.get(name)
-        same = value is not None and value.dtype == expected.dtype and (
-            _close(value, expected)
-        )
-        if not same:
-            kind = "buffer" if name in ref_buffers else "parameter"
-            return f"{what}: {kind} '{name}' is {short(value)}, expected {short(expected)}. {hint}"
+        if not (isinstance(value, torch.Tensor) and value.dtype == want.dtype and _close(value, want)):
+            kind = "buffer" if name in buffers else "parameter"
+            return f"{what}: {kind} '{name}' is {short(value)}, expected {short(want)}. {hint}"
     return None
 
 
-def _grad_mismatch(model, oracle, local_grads, world: int, what: str):
-    """Compare every gradient with the oracle's; a message with a likely cause, or None."""
-    names = _names(model)
-    oracle_params = dict(oracle.named_parameters())
-    for p, name in names.items():
-        expected = oracle_params[name].grad
-        got = p.grad
+def _grad_mismatch(got, oracle, local_grads, world: int, what: str):
+    """Compare every gradient (``got``: parameter name -> gradient or None, as the driver read them) with the
+    oracle's; a message with a likely cause, or None."""
+    got = got if type(got) is dict else {}
+    for name, p in oracle.named_parameters():
+        expected, grad = p.grad, got.get(name)
         if not p.requires_grad:
-            if got is not None:
-                return (f"{what}: '{name}' does not require grad, yet has a gradient {short(got)}: leave "
+            if grad is not None:
+                return (f"{what}: '{name}' does not require grad, yet has a gradient {short(grad)}: leave "
                         "parameters with requires_grad=False alone.")
             continue
         if expected is None:  # never used in forward: None, or zeros if it was reduced as zero
-            if got is not None and bool(got.abs().max() > 0):
+            if grad is not None and not (isinstance(grad, torch.Tensor) and not bool(grad.abs().max() > 0)):
                 return (f"{what}: '{name}' is never used in forward, so its gradient must stay None (or zero), "
-                        f"got {short(got)}.")
+                        f"got {short(grad)}.")
             continue
-        if got is None:
+        if grad is None:
             return (f"{what}: '{name}' has no gradient after synchronisation (.grad is None), expected "
                     f"{short(expected)}.")
-        if _close(got, expected):
+        if _close(grad, expected):
             continue
         cause = "check the average over ranks (all-reduce, then divide by the world size)"
         local = local_grads.get(name)
-        if _close(got, expected * world):
+        if _close(grad, expected * world):
             cause = (f"it equals {world} x the expected gradient: the gradients were summed over ranks but not "
                      f"divided by the world size ({world})")
-        elif local is not None and _close(got, local):
+        elif local is not None and _close(grad, local):
             cause = ("it equals this rank's own local gradient: it was never averaged with the other ranks "
                      "(or the average was overwritten afterwards)")
-        elif local is not None and _close(got, local / world):
+        elif local is not None and _close(grad, local / world):
             cause = "it equals this rank's local gradient divided by the world size: the all-reduce result was lost"
-        return f"{what}: gradient of '{name}' is {short(got)}, expected {short(expected)}: {cause}."
+        return f"{what}: gradient of '{name}' is {short(grad)}, expected {short(expected)}: {cause}."
     return None
 
 
@@ -75,30 +70,59 @@ def _describe(buckets, names) -> str:
     )
 
 
-def _overlap_failure(watch, buckets, names, issued_after_backward: int, total: int, label: str, where: str):
-    """The first gradient-ready moment at which a complete bucket had still not been launched, as a message."""
-    position = {name: j for j, (name, _) in enumerate(watch.events)}
-    complete_at = []  # index of the event that completed each bucket whose gradients all arrived
-    for b in buckets:
-        idx = [position.get(names[p]) for p in b]
+def _launch_failure(calls, buckets, names, total: int, label: str, where: str):
+    """Whether each bucket's all-reduce was posted as soon as its gradients were ready, from the host's record of
+    one synchronised step (``calls``: forward and backward, the driver's marks inside backward among them, in the
+    order the host carried them; ``total``: the step's all-reduces, finish's included). At each mark, the buckets
+    whose gradients had all become ready before it (``reference.backward_events``) must have been posted; at the
+    end of backward, every bucket complete by then, in the order they became complete."""
+    events = backward_events()
+    ready = {name: i for i, (kind, name) in enumerate(events) if kind == "ready"}
+    done_at = {}  # bucket index -> the event that completed it
+    for j, b in enumerate(buckets):
+        idx = [ready.get(names[p]) for p in b]
         if all(i is not None for i in idx):
-            complete_at.append((max(idx), b))
-    if not complete_at:
-        return None
-    if issued_after_backward == 0:
+            done_at[j] = max(idx)
+    order = sorted(done_at, key=done_at.get)
+    points = [(i, f"when backward reached layer '{layer}'") for i, (kind, layer) in enumerate(events)
+              if kind == "mark"]
+    if order and not any(c.kind == "all_reduce" for c in calls):
         return (f"{label}, {where}: no all-reduce was issued while backward ran; all {total} came after "
-                "loss.backward() returned (in finish_gradient_synchronization). That is the blocking version: launch "
-                "each all-reduce (async_op=True) from a gradient hook as soon as its gradient(s) are ready, and only "
-                "wait in finish_gradient_synchronization.")
-    for j, (name, issued) in enumerate(watch.events + [(None, issued_after_backward)]):
-        due = [b for t, b in complete_at if t < j]
-        if issued < len(due):
-            late = due[-1]
-            moment = "when backward finished" if name is None else f"when the gradient of '{name}' became ready"
-            return (f"{label}, {where}: {moment}, {len(due)} all-reduce(s) were due (their gradients were all "
-                    f"ready earlier, e.g. [{', '.join(names[p] for p in late)}]) but only {issued} had been issued. "
-                    "Launch each all-reduce from the hook of the last gradient it needs, right away; do not wait "
-                    "for later gradients or for the end of backward.")
+                "loss.backward() returned (in finish_gradient_synchronization). That is the blocking version: "
+                "launch each all-reduce (async_op=True) from a gradient hook as soon as its gradient(s) are "
+                "ready, and only wait in finish_gradient_synchronization.")
+    passed, posted = 0, []
+
+    def late(at: int, moment: str):
+        due = [j for j in order if done_at[j] < at]
+        if len(posted) >= len(due):
+            return None
+        bucket = buckets[due[len(posted)]]
+        return (f"{label}, {where}: {moment}, {len(due)} all-reduce(s) were due (their gradients were all ready "
+                f"earlier, e.g. [{', '.join(names[p] for p in bucket)}]) but only {len(posted)} had been issued. "
+                "Launch each all-reduce from the hook of the last gradient it needs, right away; do not wait for "
+                "later gradients or for the end of backward.")
+
+    for c in calls:
+        if c.kind == "all_reduce":
+            posted.append(c.nbytes)
+        elif c.kind == "all_gather" and c.nbytes == INSIDE:
+            failure = late(*points[passed]) if passed < len(points) else None
+            if failure:
+                return failure
+            passed += 1
+    if passed != len(points):
+        return (f"{label}, {where}: backward passed {passed} of the check's {len(points)} marks inside the model's "
+                "layers: forward must run the wrapped model once per call, and backward must go through it.")
+    failure = late(len(events), "when backward finished")
+    if failure:
+        return failure
+    want = [sum(p.numel() * p.element_size() for p in buckets[j]) for j in order]
+    if posted[:len(want)] != want:
+        return (f"{label}, {where}: during backward the all-reduces carried {posted[:len(want)]} B, in that order, "
+                f"while the buckets became complete in the order {want} B "
+                f"({_describe([buckets[j] for j in order], names)}): launch each bucket when its last gradient "
+                "is ready.")
     return None
 
 
@@ -157,8 +181,9 @@ def _calls_failure(calls, buckets, model, cap_bytes, label, where: str, overlap:
         cause = ("some bucket was all-reduced twice in one step: launch each bucket exactly once per step (from its "
                  "last gradient's hook, or from finish_gradient_synchronization if it is still pending), and reset "
                  "the bookkeeping when the step is finished")
+    cap = "none" if math.isinf(cap_bytes) else f"{cap_bytes:.0f} B"
     return (f"{label}, {where}: expected {len(want)} all-reduce(s), one per bucket (reverse registration order, "
-            f"cap {'none' if math.isinf(cap_bytes) else f'{cap_bytes:.0f} B'}): {_describe(buckets, names)}; got {len(got)} call(s) of {got} B"
+            f"cap {cap}): {_describe(buckets, names)}; got {len(got)} call(s) of {got} B"
             + (f": {cause}." if cause else "."))
 
 
