@@ -26,3 +26,13 @@ def call_answer(what: str, fn, *args, **kwargs):
         raise
     except Exception as exc:
         raise AssertionError(f"{what} raised {type(exc).__name__}: {exc}") from None
+
+
+def call_answer_hinted(what: str, hint: str, fn, *args, **kwargs):
+    """``call_answer`` whose message ends with ``hint``, a sentence on the likely cause."""
+    try:
+        return fn(*args, **kwargs)
+    except (NotImplementedError, AssertionError):
+        raise
+    except Exception as exc:
+        raise AssertionError(f"{what} raised {type(exc).__name__}: {exc}. {hint}".strip()) from None

@@ -21,7 +21,7 @@ import traceback
 import pytest
 import torch
 import torch.distributed as dist
-from test_production_checks import ScalerOk, _meta, _ranges, load_ok, save_ok, si_ok
+from test_production_checks import ScalerOk, _ranges, load_ok, save_ok, si_ok
 
 from autograder.checks.production import (
     check_clip_grad_norm_,
@@ -162,6 +162,12 @@ def test_a_checkpoint_through_torch_distributed_checkpoint_fails():
 # ranks that pass data through a file outside the checkpoint's folder
 
 
+def read_metadata(directory):
+    """The checkpoint's metadata.json, as a student reads it."""
+    with open(os.path.join(directory, "metadata.json")) as f:
+        return json.load(f)
+
+
 def load_shared_metadata(directory):
     """The metadata parsed by the first rank and handed to the others in a cache outside the checkpoint's folder."""
     meta_path = os.path.join(directory, "metadata.json")
@@ -171,7 +177,7 @@ def load_shared_metadata(directory):
         with open(cache) as f:
             meta = json.load(f)
     except FileNotFoundError:
-        meta = _meta(directory)
+        meta = read_metadata(directory)
         with open(f"{cache}.{dist.get_rank()}", "w") as f:
             json.dump(meta, f)
         os.replace(f"{cache}.{dist.get_rank()}", cache)
@@ -263,7 +269,7 @@ def load_with_habits(directory):
     print(f"loading {os.path.basename(directory)} on rank {dist.get_rank()}", file=sys.stderr)
     _debugging_leftover()
     out = load_ok(directory)
-    assert out.dtype == _dtype(_meta(directory)["dtype"])
+    assert out.dtype == _dtype(read_metadata(directory)["dtype"])
     return out
 
 

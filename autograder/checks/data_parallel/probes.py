@@ -14,6 +14,7 @@ import math
 import torch
 
 import labsupport
+from labsupport._driving import call_answer_hinted
 
 from .diagnose import _calls_failure, _grad_mismatch, _launch_failure, _state_mismatch
 from .drivers import INSIDE, PHASE, SGD, _data, _loss, _make_model, _names, state_of
@@ -48,12 +49,7 @@ def _rank_world():
 
 def _student_call(what: str, fn, *args, hint: str = "", **kwargs):
     """Call the student's code; an unexpected exception becomes a message naming the call."""
-    try:
-        return fn(*args, **kwargs)
-    except (NotImplementedError, AssertionError):
-        raise
-    except Exception as exc:
-        raise AssertionError(f"{what} raised {type(exc).__name__}: {exc}. {hint}".strip()) from None
+    return call_answer_hinted(what, hint, fn, *args, **kwargs)
 
 
 def _guarded(body, *args):

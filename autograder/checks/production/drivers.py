@@ -21,6 +21,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from labsupport._driving import call_answer as _called
+
 PHASE, STEPPED = b"\x00", b"\x00\x01"
 
 
@@ -51,15 +53,6 @@ def _outcome(fn, *args, **kwargs) -> tuple:
         raise
     except Exception as exc:
         return ("raised", type(exc).__name__, str(exc)[:500])
-
-
-def _called(what: str, fn, *args, **kwargs):
-    try:
-        return fn(*args, **kwargs)
-    except (NotImplementedError, AssertionError):
-        raise
-    except Exception as exc:
-        raise AssertionError(f"{what} raised {type(exc).__name__}: {exc}") from None
 
 
 # ---------------------------------------------------------------------------------------------------------------
