@@ -644,11 +644,14 @@ def _ranges(meta, rank, world):
 
 
 def load_ok(directory):
+    return read_my_ranges(directory, _meta(directory))
+
+
+def read_my_ranges(directory, meta):
+    """This rank's shard under ``meta``, each overlapping range read from its saved shard file."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    meta = _meta(directory)
-    dtype = getattr(torch, meta["dtype"])
     c, ranges = _ranges(meta, rank, world)
-    out = torch.zeros(c, dtype=dtype)
+    out = torch.zeros(c, dtype=getattr(torch, meta["dtype"]))
     elt = out.element_size()
     for src, off, at, n in ranges:
         with open(os.path.join(directory, meta["data"], f"shard_{src}.bin"), "rb") as f:

@@ -21,7 +21,7 @@ import traceback
 import pytest
 import torch
 import torch.distributed as dist
-from test_production_checks import ScalerOk, _ranges, load_ok, save_ok, si_ok
+from test_production_checks import ScalerOk, load_ok, read_my_ranges, save_ok, si_ok
 
 from autograder.checks.production import (
     check_clip_grad_norm_,
@@ -181,15 +181,7 @@ def load_shared_metadata(directory):
         with open(f"{cache}.{dist.get_rank()}", "w") as f:
             json.dump(meta, f)
         os.replace(f"{cache}.{dist.get_rank()}", cache)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    c, ranges = _ranges(meta, rank, world)
-    out = torch.zeros(c, dtype=getattr(torch, meta["dtype"]))
-    elt = out.element_size()
-    for src, off, at, n in ranges:
-        with open(os.path.join(directory, meta["data"], f"shard_{src}.bin"), "rb") as f:
-            f.seek(off * elt)
-            f.readinto(out[at:at + n].view(torch.uint8).numpy())
-    return out
+    return read_my_ranges(directory, meta)
 
 
 def test_ranks_passing_data_through_a_file_outside_the_checkpoint_fail():
