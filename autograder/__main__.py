@@ -131,6 +131,8 @@ def _add_instructor_commands(sub) -> None:
                    " written into its README's Colab line and its demos' install lines (default: a placeholder)")
     p.add_argument("--branch", metavar="NAME", help="the branch of URL students install from and open the demos "
                    "of (default: the repository's default branch; the Colab links then name main)")
+    p.add_argument("--lang", metavar="LANG", default="en", help="the edition's language: en (default) or zh, the "
+                   "Chinese edition (the Chinese release notebooks, a Chinese README and JupyterLab in Chinese)")
     _add_course(p)
 
 
@@ -197,7 +199,7 @@ def main(argv=None) -> int:
             from .edition import write_edition
 
             path = write_edition(Course.at(args.course), args.dest, force=args.force, url=args.url,
-                                 branch=args.branch)
+                                 branch=args.branch, lang=args.lang)
             print(f"Wrote the student edition to {path}")
             return 0
         if args.command == "check":

@@ -193,9 +193,9 @@ EDITION = "edition"
 
 
 def edition_texts() -> list[tuple[str, str, str]]:
-    from .edition import README
+    from .edition_readme import DEMOS_INTRO, README
 
-    return [("README.md", "markdown", README)]
+    return [("README.md", "markdown", README), ("README.md: demos", "markdown", DEMOS_INTRO)]
 
 
 def documents(course: Course, lang: str, assignments: list[str] | None = None) -> list[Document]:
