@@ -65,6 +65,7 @@ class Hidden:
     root: Path
     source: object
     release: object
+    translations: dict   # {language: its source and release notebooks}: their read-only cells are not edits
 
 
 def hidden_tests(path: Path, course_root=None) -> Hidden | None:
@@ -80,7 +81,14 @@ def hidden_tests(path: Path, course_root=None) -> Hidden | None:
     source, release = course.source_notebook(aid), course.notebooks / aid / f"{aid}.ipynb"
     if not ((course.root / "autograder" / "checks").is_dir() and source.is_file() and release.is_file()):
         return None
-    return Hidden(course.root, nbformat.read(source, as_version=4), nbformat.read(release, as_version=4))
+    try:
+        from .translation import translated_versions
+
+        translations = translated_versions(course, aid)
+    except ImportError:   # no Babel to read the catalogs with
+        translations = {}
+    return Hidden(course.root, nbformat.read(source, as_version=4), nbformat.read(release, as_version=4),
+                  translations)
 
 
 def _judge(nb, hidden: Hidden, timeout: float, log_dir: Path):
@@ -88,9 +96,9 @@ def _judge(nb, hidden: Hidden, timeout: float, log_dir: Path):
     from .judge import Judge, judge_spec
     from .tamper import repair
 
-    repaired, _ = repair(nb, hidden.release, hidden.source)
+    repaired, report = repair(nb, hidden.release, hidden.source, hidden.translations)
     judge = Judge(str(hidden.root), log_dir, "check")
-    judge.start(judge_spec(repaired, hidden.source, hidden.release, timeout))
+    judge.start(judge_spec(repaired, hidden.source, hidden.release, timeout, language=report.language))
     return judge
 
 

@@ -147,6 +147,21 @@ def translated_source(course: Course, assignment: str, lang: str) -> dict:
     return nb
 
 
+def translated_versions(course: Course, assignment: str) -> dict[str, list]:
+    """{language: [the translated source notebook, the committed translated release]} of ``assignment``
+    (``NotebookNode``s), for each language the course has catalogs for: the cells a grader accepts as unedited."""
+    import nbformat
+
+    versions = {}
+    for lang in course.languages()[1:]:
+        found = [nbformat.from_dict(translated_source(course, assignment, lang))]
+        released = course.release_dir(lang) / assignment / f"{assignment}.ipynb"
+        if released.is_file():
+            found.append(nbformat.read(released, as_version=4))
+        versions[lang] = found
+    return versions
+
+
 def _with_language(source: str, lang: str, assignment: str) -> str:
     lines = source.split("\n")
     if "import labsupport" not in lines:
