@@ -19,7 +19,7 @@ from pathlib import Path
 from labsupport.visible import NOT_STARTED_LINE
 
 from .course import CourseError
-from .execute import cell_label, has_visible_code, kernel_env, nbgrader_meta, run_notebook
+from .execute import cell_label, has_visible_code, kernel_env, nbgrader_meta, notebook_language, run_notebook, speaking
 from .nbgrader_config import CELL_TIMEOUT
 from .progress import Progress
 
@@ -118,7 +118,20 @@ def _points(nb) -> dict[str, float]:
     return {nbgrader_meta(c)["grade_id"]: float(nbgrader_meta(c).get("points", 0))
             for c in nb.cells if nbgrader_meta(c).get("grade")}
 def check(path, timeout: float = CELL_TIMEOUT, stream=None, course_root=None) -> int:
-    """Run the check and print the report; returns the exit status (0 all tests pass, 1 otherwise)."""
+    """Run the check and print the report; returns the exit status (0 all tests pass, 1 otherwise). It speaks the
+    notebook's language (a Chinese notebook's set-up cell switches to Chinese)."""
+    import nbformat
+
+    path = Path(path)
+    try:
+        nb = nbformat.read(path, as_version=4) if path.is_file() else None
+    except Exception:
+        nb = None
+    with speaking(notebook_language(nb) if nb is not None else "en"):
+        return _check(path, timeout, stream, course_root)
+
+
+def _check(path, timeout: float, stream, course_root) -> int:
     import tempfile
 
     import nbformat

@@ -16,14 +16,13 @@ import sys
 import tempfile
 import time
 import warnings
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import feedback as fb
 from .checks._common import REFUSED
 from .course import RELEASE, SOURCE
-from .execute import CURRENT, guarded_execute_class, kernel_env, nbgrader_meta, reset_record
+from .execute import CURRENT, guarded_execute_class, kernel_env, nbgrader_meta, reset_record, speaking
 from .judge import judge_spec
 from .reading import (
     _compose,
@@ -36,8 +35,6 @@ from .reading import (
 )
 from .screen import screen_notebook
 
-#: What ``labsupport.use_language`` sets: the language of the course's messages in a process and those it starts.
-LANGUAGE_ENV = "LABSUPPORT_LANG"
 INFRA_ATTEMPTS = 3  # tries of nbgrader autograde when it fails before any cell of the submission ran
 CSV_COLUMNS = ["student", "assignment", "points", "max_points", "status", "reason", "tampered_cells", "flags"]
 
@@ -190,20 +187,6 @@ def _translations(aid: str) -> dict:
     except ImportError:
         return {}
     return translated_versions(Course.at(_WORKER["course_root"]), aid)
-
-
-@contextmanager
-def speaking(lang: str):
-    """The course's messages in ``lang`` (``labsupport.i18n``) in this process and the kernels it starts, meanwhile."""
-    saved = os.environ.get(LANGUAGE_ENV)
-    os.environ[LANGUAGE_ENV] = lang
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(LANGUAGE_ENV, None)
-        else:
-            os.environ[LANGUAGE_ENV] = saved
 
 
 def max_points(release) -> float:

@@ -110,6 +110,19 @@ def test_the_chinese_release_of_a_translated_notebook(tmp_path):
     assert "中文" not in english and CODE_STUB["en"].split("\n")[0] in english and ZH_LINE not in english
 
 
+def test_a_notebooks_language_is_its_set_up_cells(monkeypatch):
+    """What ``check`` and the grader tell a notebook's language from; ``speaking`` sets it for a while."""
+    from autograder.execute import LANGUAGE_ENV, notebook_language, speaking
+
+    aid = "00_launch"
+    assert notebook_language(nbformat.read(COURSE.release_dir("zh") / aid / f"{aid}.ipynb", as_version=4)) == "zh"
+    assert notebook_language(nbformat.read(COURSE.release_dir("en") / aid / f"{aid}.ipynb", as_version=4)) == "en"
+    monkeypatch.delenv(LANGUAGE_ENV, raising=False)
+    with speaking("zh"):
+        assert os.environ[LANGUAGE_ENV] == "zh"
+    assert LANGUAGE_ENV not in os.environ
+
+
 def test_release_and_edition_refuse_a_language_without_catalogs(tmp_path):
     proc = demo.cli("release", "--lang", "fr", "--course", REPO)
     assert proc.returncode == 2 and "--lang fr: the course has no catalogs for it" in proc.stderr, proc.stderr
