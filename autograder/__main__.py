@@ -77,12 +77,17 @@ def build_parser(edition: bool | None = None) -> argparse.ArgumentParser:
 
 
 def _add_instructor_commands(sub) -> None:
-    p = sub.add_parser("release", help="regenerate notebooks/ from solutions/",
+    p = sub.add_parser("release", help="regenerate notebooks/ (and notebooks-zh/) from solutions/",
                        description="Regenerate the student notebooks (notebooks/ID/) from the nbgrader sources "
-                                   "(solutions/ID/) with nbgrader generate_assignment. The output has no "
+                                   "(solutions/ID/) with nbgrader generate_assignment, and the release in each "
+                                   "language the course has catalogs for (notebooks-LANG/ID/, from the same sources "
+                                   "with their translated cells, i18n/LANG/notebooks/ID.po). The output has no "
                                    "outputs or execution counts and is byte-for-byte reproducible.")
     p.add_argument("--assignment", metavar="ID", help="only this assignment (default: all)")
-    p.add_argument("--out", metavar="DIR", help="write the release here instead of notebooks/")
+    p.add_argument("--lang", metavar="LANG", help="only the release in this language: en, or a language with "
+                   "catalogs (zh) (default: every language; with --out: en)")
+    p.add_argument("--out", metavar="DIR", help="write the release in one language (--lang, default en) here "
+                   "instead of notebooks/ (notebooks-LANG/)")
     _add_course(p)
 
     p = sub.add_parser("grade", help="grade a folder of submissions",
@@ -126,6 +131,8 @@ def _add_instructor_commands(sub) -> None:
                    " written into its README's Colab line and its demos' install lines (default: a placeholder)")
     p.add_argument("--branch", metavar="NAME", help="the branch of URL students install from and open the demos "
                    "of (default: the repository's default branch; the Colab links then name main)")
+    p.add_argument("--lang", metavar="LANG", default="en", help="the edition's language: en (default) or zh, the "
+                   "Chinese edition (the Chinese release notebooks, a Chinese README and JupyterLab in Chinese)")
     _add_course(p)
 
 
@@ -163,9 +170,14 @@ def main(argv=None) -> int:
 
             course = Course.at(args.course)
             ids = course.select(args.assignment)
-            written = release(course, ids, args.out, progress=Progress(len(ids), "release"))
-            for path in written:
-                print(path)
+            langs = course.languages() if args.lang is None and args.out is None else [args.lang or "en"]
+            if langs[0] not in course.languages():
+                raise CourseError(f"--lang {langs[0]}: the course has no catalogs for it (i18n/{langs[0]}/notebooks/);"
+                                  f" its languages are {', '.join(course.languages())}")
+            progress = Progress(len(ids) * len(langs), "release")
+            for k, lang in enumerate(langs):
+                for path in release(course, ids, args.out, progress=progress, lang=lang, done=k * len(ids)):
+                    print(path)
             return 0
         if args.command == "grade":
             from .grading import grade
@@ -187,7 +199,7 @@ def main(argv=None) -> int:
             from .edition import write_edition
 
             path = write_edition(Course.at(args.course), args.dest, force=args.force, url=args.url,
-                                 branch=args.branch)
+                                 branch=args.branch, lang=args.lang)
             print(f"Wrote the student edition to {path}")
             return 0
         if args.command == "check":

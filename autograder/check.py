@@ -19,7 +19,7 @@ from pathlib import Path
 from labsupport.visible import NOT_STARTED_LINE
 
 from .course import CourseError
-from .execute import cell_label, has_visible_code, kernel_env, nbgrader_meta, run_notebook
+from .execute import cell_label, has_visible_code, kernel_env, nbgrader_meta, notebook_language, run_notebook, speaking
 from .nbgrader_config import CELL_TIMEOUT
 from .progress import Progress
 
@@ -65,6 +65,7 @@ class Hidden:
     root: Path
     source: object
     release: object
+    translations: dict   # {language: its source and release notebooks}: their read-only cells are not edits
 
 
 def hidden_tests(path: Path, course_root=None) -> Hidden | None:
@@ -80,7 +81,14 @@ def hidden_tests(path: Path, course_root=None) -> Hidden | None:
     source, release = course.source_notebook(aid), course.notebooks / aid / f"{aid}.ipynb"
     if not ((course.root / "autograder" / "checks").is_dir() and source.is_file() and release.is_file()):
         return None
-    return Hidden(course.root, nbformat.read(source, as_version=4), nbformat.read(release, as_version=4))
+    try:
+        from .translation import translated_versions
+
+        translations = translated_versions(course, aid)
+    except ImportError:   # no Babel to read the catalogs with
+        translations = {}
+    return Hidden(course.root, nbformat.read(source, as_version=4), nbformat.read(release, as_version=4),
+                  translations)
 
 
 def _judge(nb, hidden: Hidden, timeout: float, log_dir: Path):
@@ -88,9 +96,9 @@ def _judge(nb, hidden: Hidden, timeout: float, log_dir: Path):
     from .judge import Judge, judge_spec
     from .tamper import repair
 
-    repaired, _ = repair(nb, hidden.release, hidden.source)
+    repaired, report = repair(nb, hidden.release, hidden.source, hidden.translations)
     judge = Judge(str(hidden.root), log_dir, "check")
-    judge.start(judge_spec(repaired, hidden.source, hidden.release, timeout))
+    judge.start(judge_spec(repaired, hidden.source, hidden.release, timeout, language=report.language))
     return judge
 
 
@@ -110,7 +118,20 @@ def _points(nb) -> dict[str, float]:
     return {nbgrader_meta(c)["grade_id"]: float(nbgrader_meta(c).get("points", 0))
             for c in nb.cells if nbgrader_meta(c).get("grade")}
 def check(path, timeout: float = CELL_TIMEOUT, stream=None, course_root=None) -> int:
-    """Run the check and print the report; returns the exit status (0 all tests pass, 1 otherwise)."""
+    """Run the check and print the report; returns the exit status (0 all tests pass, 1 otherwise). It speaks the
+    notebook's language (a Chinese notebook's set-up cell switches to Chinese)."""
+    import nbformat
+
+    path = Path(path)
+    try:
+        nb = nbformat.read(path, as_version=4) if path.is_file() else None
+    except Exception:
+        nb = None
+    with speaking(notebook_language(nb) if nb is not None else "en"):
+        return _check(path, timeout, stream, course_root)
+
+
+def _check(path, timeout: float, stream, course_root) -> int:
     import tempfile
 
     import nbformat

@@ -1,9 +1,11 @@
 """The course on disk, and nbgrader course directories built from it.
 
 A course root holds ``solutions/ID/ID.ipynb`` (nbgrader source notebooks) and ``notebooks/ID/ID.ipynb`` (the
-student release generated from them). Grading never runs nbgrader on the repository itself: it copies the needed
-assignments into a temporary nbgrader course directory (``build_course_dir``), generates the release and the
-gradebook there, and works on copies of that.
+student release generated from them); a translated course also has ``i18n/LANG/notebooks/ID.po`` (one catalog per
+notebook, see ``translation.py``) and the release in that language, ``notebooks-LANG/ID/ID.ipynb``, generated from
+the same source notebooks with their translated cells. Grading never runs nbgrader on the repository itself: it
+copies the needed assignments into a temporary nbgrader course directory (``build_course_dir``), generates the
+release and the gradebook there, and works on copies of that.
 """
 
 from __future__ import annotations
@@ -79,6 +81,20 @@ class Course:
 
     def source_notebook(self, assignment: str) -> Path:
         return self.solutions / assignment / f"{assignment}.ipynb"
+
+    def languages(self) -> list[str]:
+        """``"en"`` and each language the course has notebook catalogs for (``i18n/LANG/notebooks/``)."""
+        i18n = self.root / "i18n"
+        found = sorted(d.name for d in i18n.iterdir() if (d / "notebooks").is_dir()) if i18n.is_dir() else []
+        return ["en", *found]
+
+    def release_dir(self, lang: str = "en") -> Path:
+        """Where the release in ``lang`` lives: ``notebooks/`` in English, ``notebooks-LANG/`` in a translation."""
+        return self.root / release_directory(lang)
+
+
+def release_directory(lang: str) -> str:
+    return RELEASE if lang == "en" else f"{RELEASE}-{lang}"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -165,15 +181,22 @@ def _last_error_line(result: dict) -> str:
     return (errors or lines or ["unknown error"])[-1]
 
 
-def build_course_dir(course: Course, assignments: list[str], dest: Path) -> Path:
-    """An nbgrader course directory at ``dest`` with the release and gradebook of ``assignments``.
+def build_course_dir(course: Course, assignments: list[str], dest: Path, lang: str = "en") -> Path:
+    """An nbgrader course directory at ``dest`` with the release and gradebook of ``assignments``, in ``lang``:
+    a translation's source notebooks are the English ones with their translated cells (``translation.py``), and
+    its answer cells get that language's stub.
 
     The release notebooks there are normalised exactly as ``release`` writes them (see ``normalise_release``).
     """
     dest.mkdir(parents=True, exist_ok=True)
     for aid in assignments:
         shutil.copytree(course.solutions / aid, dest / SOURCE / aid, ignore=_IGNORED)
-    api = nbgrader_api(dest)
+        if lang != "en":
+            from .translation import translated_source
+
+            source = dest / SOURCE / aid / f"{aid}.ipynb"
+            source.write_bytes(dumps_notebook(translated_source(course, aid, lang)))
+    api = nbgrader_api(dest, **nbgrader_config.stub_config(lang))
     for aid in assignments:
         result = api.generate_assignment(aid, force=True, create=True)
         if not result.get("success"):
@@ -219,17 +242,19 @@ def dumps_notebook(nb: dict) -> bytes:
     return (json.dumps(nb, sort_keys=True, indent=1, ensure_ascii=False, separators=(",", ": ")) + "\n").encode()
 
 
-def release(course: Course, assignments: list[str], out: Path | None = None, progress=None) -> list[Path]:
-    """Regenerate ``notebooks/ID`` (or ``out/ID``) from ``solutions/ID`` for each assignment; returns the notebooks.
+def release(course: Course, assignments: list[str], out: Path | None = None, progress=None, lang: str = "en",
+            done: int = 0) -> list[Path]:
+    """Regenerate ``notebooks/ID`` (``notebooks-LANG/ID`` for a translation, or ``out/ID``) from ``solutions/ID``
+    for each assignment; returns the notebooks. ``done``: steps ``progress`` has already counted.
 
     Each target folder is replaced by nbgrader's release folder (the notebook plus any other files of the source
     folder), so a file removed from ``solutions/ID`` also disappears from the release.
     """
-    target_root = Path(out) if out is not None else course.notebooks
+    target_root = Path(out) if out is not None else course.release_dir(lang)
     written = []
     with tempfile.TemporaryDirectory(prefix="autograder-release-") as tmp:
         for i, aid in enumerate(assignments):
-            built = build_course_dir(course, [aid], Path(tmp) / aid)
+            built = build_course_dir(course, [aid], Path(tmp) / aid, lang)
             target = target_root / aid
             if target.exists():
                 shutil.rmtree(target)
@@ -239,5 +264,5 @@ def release(course: Course, assignments: list[str], out: Path | None = None, pro
                     os.chmod(path, 0o644)
             written.append(target / f"{aid}.ipynb")
             if progress is not None:
-                progress.update(i + 1, aid)
+                progress.update(done + i + 1, aid if lang == "en" else f"{aid} ({lang})")
     return written

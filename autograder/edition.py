@@ -25,7 +25,14 @@ With ``url`` (``--url``, where the edition will be hosted), the README's Colab l
 ``autograder/_hosted_at.py`` (the install line of ``check``'s errors) name it, and a GitHub address also gives each
 demo its "Open in Colab" link; without it they keep a placeholder.
 With ``branch`` (``--branch``) they name that branch (``git+URL@BRANCH``, and the links open its demos); without
-it pip installs the repository's default branch and the links name ``main``.
+it pip installs the repository's default branch and the links name ``main``. A GitHub address also gives each
+notebook of the README's list its "Open in Colab" link.
+
+With ``lang`` (``--lang zh``) the edition is the Chinese one: its ``notebooks/`` holds the Chinese release
+(``notebooks-zh/``, whose set-up cells switch the course's messages to Chinese), its README is the translated
+template (``edition_readme``, translated in ``i18n/zh/edition.po``), and its lab's defaults also select JupyterLab's
+Chinese interface (the repository's ``jupyter-config/zh/``, which ``./course lab --lang zh`` uses there). The demos
+stay in English.
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ import shutil
 from pathlib import Path
 
 from .course import Course, CourseError
+from .edition_readme import DEMOS_INTRO, README
+from .nbgrader_config import CODE_STUB
 
 #: Files and folders of the course root copied as they are.
 TOP_FILES = ["course", "pyproject.toml", "environment.yml", "nbgrader_config.py", "LICENSE"]
@@ -75,75 +84,17 @@ __pycache__/
 build/
 """
 
-README = """# Distributed training, built from `send` and `recv`
-
-A hands-on course in how deep-learning training is spread over many processes. Each notebook takes one idea
-(collectives, the ring all-reduce, data parallelism, tensor and pipeline parallelism, ZeRO, FSDP, hybrid 3D
-parallelism and mixture-of-experts, what a real run needs: data sharding, clipping, loss scaling, sharded
-checkpoints and restarts, and hiding communication behind computation), explains it, has you implement it from
-lower-level parts on **real multi-process `torch.distributed` workers started from a notebook cell**, checks your
-work, and compares it with PyTorch's own implementation. Everything runs on a laptop with no GPU.
-
-## Start
-
-```bash
-./course lab    # first time: sets up .venv with the CPU build of PyTorch, then opens JupyterLab
-```
-
-Needs Python 3.10+ and bash (Linux or macOS). `./course plan` says what set-up would do, without installing
-anything. Conda users: `conda env create -f environment.yml`, activate it, then `COURSE_VENV=none ./course lab`.
-
-On Colab or Kaggle, install the course package into the notebook's Python first. It brings only what the notebooks
-need; the runtime's torch, Jupyter and IPython are kept:
-
-```python
-%pip install -q "git+<URL of this repository>"
-```
-{demos}
-## Work
-
-The notebooks are in `notebooks/`, in order:
-
-{table}
-
-1. Open the next notebook, read, and fill in each exercise cell (`# YOUR CODE HERE`).
-2. The cell after each exercise is a quick visible test: run it.
-3. The **Validate** button in the notebook's toolbar saves the notebook, runs it from the top in a fresh kernel and
-   shows a checklist: a line per exercise saying that it passes, is not started (it still raises
-   `NotImplementedError`) or fails, with the first line of its message; then the details of the first failure.
-4. When you are done, check the whole notebook in a fresh kernel:
-   ```bash
-   .venv/bin/python -m autograder check notebooks/01_collectives/01_collectives.ipynb
-   ```
-   It prints, per exercise, whether its visible tests pass, and an estimate of your score. Grading also runs
-   hidden tests with inputs drawn at grading time and checks *how* you got the answer (a from-scratch collective
-   that calls the built-in loses its points), and it looks only at what your exercise cells define.
-5. Hand in the notebook file itself (`notebooks/ID/ID.ipynb`), with your answers in the exercise cells.
-
-Grading runs your notebook top to bottom and, separately, runs the hidden tests on the functions and classes your
-exercise cells define. Code that reaches into the grader, IPython or private parts of PyTorch is flagged for your
-instructor to review; honest answers never need it.
-
-## Running workers from a cell
-
-```python
-import torch, torch.distributed as dist, labsupport
-
-def work(scale):
-    x = torch.tensor([float(dist.get_rank())], device=labsupport.device())
-    dist.all_reduce(x)
-    return x.item() * scale
-
-labsupport.run(work, 10, world_size=4)      # [60.0, 60.0, 60.0, 60.0], in rank order
-```
-
-`help(labsupport)` describes `run`, `CommCounter`, `Timeline`, `%%distributed` and what a failing or
-deadlocked rank looks like.
-"""
+def _colab(url: str | None, branch: str | None, path: str) -> str:
+    """": [Open in Colab](...)" for the notebook at ``path`` when the edition lives on GitHub, else nothing."""
+    repo = _github(url)
+    if not repo:
+        return ""
+    return f": [Open in Colab](https://colab.research.google.com/github/{repo}/blob/{branch or 'main'}/{path})"
 
 
-def _table(course: Course, ids: list[str]) -> str:
-    return "\n".join(f"- [`{aid}`](notebooks/{aid}/{aid}.ipynb)" for aid in ids)
+def _table(ids: list[str], url: str | None = None, branch: str | None = None) -> str:
+    return "\n".join(f"- [`{aid}`](notebooks/{aid}/{aid}.ipynb)" + _colab(url, branch, f"notebooks/{aid}/{aid}.ipynb")
+                     for aid in ids)
 
 
 def check_url(url: str) -> str:
@@ -174,20 +125,29 @@ def _install_address(url: str, branch: str | None) -> str:
     return f"{url}@{branch}" if branch else url
 
 
-def _demos_section(demos: list[str], url: str | None, branch: str | None = None) -> str:
+def _demos_section(demos: list[str], url: str | None, branch: str | None = None, intro: str = DEMOS_INTRO) -> str:
     """The README's list of the demos, with "Open in Colab" links when the edition lives on GitHub."""
     if not demos:
         return ""
-    repo = _github(url)
-    lines = ["", "The notebooks in `demos/` are made for a runtime with GPUs (Kaggle offers two T4s). They run on a",
-             "CPU too, and say which numbers would differ on GPUs:", ""]
-    for name in demos:
-        line = f"- [`{name}`]({DEMOS}/{name}.ipynb)"
-        if repo:
-            line += (f": [Open in Colab](https://colab.research.google.com/github/{repo}/blob/{branch or 'main'}/"
-                     f"{DEMOS}/{name}.ipynb)")
-        lines.append(line)
+    lines = ["", intro, ""]
+    lines += [f"- [`{name}`]({DEMOS}/{name}.ipynb)" + _colab(url, branch, f"{DEMOS}/{name}.ipynb") for name in demos]
     return "\n".join(lines) + "\n"
+
+
+def readme_templates(course: Course, lang: str) -> tuple[str, str]:
+    """The README and the demos' lead-in in ``lang``: the catalog's translations where they are current, else the
+    English (``edition_readme``)."""
+    if lang == "en":
+        return README, DEMOS_INTRO
+    from .translation import EDITION, _by_context, read_catalog, usable
+
+    path = course.root / "i18n" / lang / f"{EDITION}.po"
+    catalog = read_catalog(path) if path.is_file() else None
+    out = []
+    for context, english in (("README.md", README), ("README.md: demos", DEMOS_INTRO)):
+        message = _by_context(catalog, context) if catalog is not None else None
+        out.append(message.string if usable(message, "markdown", english) else english)
+    return out[0], out[1]
 
 
 def _fill_url(path: Path, url: str | None) -> None:
@@ -205,12 +165,18 @@ def _fill_url(path: Path, url: str | None) -> None:
     nbformat.write(nb, path)
 
 
-def _write_jupyter_config(dest: Path, root: Path) -> None:
+def _write_jupyter_config(dest: Path, root: Path, lang: str = "en") -> None:
     folder = dest / JUPYTER_DIR
     (folder / "labconfig").mkdir(parents=True, exist_ok=True)
     defaults = root / REPO_JUPYTER_DIR / LAB_DEFAULTS
     if defaults.is_file():
         shutil.copyfile(defaults, folder / LAB_DEFAULTS)
+    language = root / REPO_JUPYTER_DIR / lang / LAB_DEFAULTS   # a translation's: the lab's interface language
+    if lang != "en" and language.is_file():
+        merged = json.loads(defaults.read_text(encoding="utf-8")) if defaults.is_file() else {}
+        for plugin, settings in json.loads(language.read_text(encoding="utf-8")).items():
+            merged.setdefault(plugin, {}).update(settings)
+        (folder / LAB_DEFAULTS).write_text(json.dumps(merged, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     page = {"disabledExtensions": {name: True for name in INSTRUCTOR_LAB_PLUGINS}}
     server = {"ServerApp": {"jpserver_extensions": {name: False for name in INSTRUCTOR_SERVER_EXTENSIONS}}}
     (folder / "labconfig" / "page_config.json").write_text(json.dumps(page, indent=2) + "\n", encoding="utf-8")
@@ -218,9 +184,12 @@ def _write_jupyter_config(dest: Path, root: Path) -> None:
 
 
 def write_edition(course: Course, dest, force: bool = False, url: str | None = None,
-                  branch: str | None = None) -> Path:
-    """Write the student edition of ``course`` into ``dest``, to be hosted at ``url`` (on ``branch``) if given;
-    returns its path."""
+                  branch: str | None = None, lang: str = "en") -> Path:
+    """Write the student edition of ``course`` into ``dest``, to be hosted at ``url`` (on ``branch``) if given, in
+    ``lang`` (its release notebooks in ``notebooks/``, its README and its lab's interface); returns its path."""
+    if lang not in course.languages():
+        raise CourseError(f"--lang {lang}: the course has no catalogs for it (i18n/{lang}/notebooks/); its languages "
+                          f"are {', '.join(course.languages())}")
     url = check_url(url) if url is not None else None
     branch = check_branch(branch) if branch is not None else None
     if branch is not None and url is None:
@@ -236,16 +205,17 @@ def write_edition(course: Course, dest, force: bool = False, url: str | None = N
             if not force:
                 raise CourseError(f"{dest} is not empty (use --force to replace it)")
             shutil.rmtree(dest)
-    ids = [aid for aid in course.assignments() if (course.notebooks / aid / f"{aid}.ipynb").is_file()]
+    released = course.release_dir(lang)
+    ids = [aid for aid in course.assignments() if (released / aid / f"{aid}.ipynb").is_file()]
     if not ids:
-        raise CourseError(f"no release notebooks in {course.notebooks} (run `python -m autograder release`)")
+        raise CourseError(f"no release notebooks in {released} (run `python -m autograder release`)")
     dest.mkdir(parents=True, exist_ok=True)
     for name in TOP_FILES:
         src = course.root / name
         if src.is_file():
             shutil.copy2(src, dest / name)
     for aid in ids:
-        shutil.copytree(course.notebooks / aid, dest / "notebooks" / aid, ignore=_IGNORED)
+        shutil.copytree(released / aid, dest / "notebooks" / aid, ignore=_IGNORED)
     for package in PACKAGES:
         src = course.root / package
         if not src.is_dir():
@@ -266,12 +236,14 @@ def write_edition(course: Course, dest, force: bool = False, url: str | None = N
         (dest / "autograder" / HOSTED_AT).write_text(
             f'"""Where this student edition is hosted (written by python -m autograder student-edition --url)."""\n\n'
             f"URL = {_install_address(url, branch)!r}\n", encoding="utf-8")
-    readme = README.replace("{table}", _table(course, ids)).replace("{demos}", _demos_section(demos, url, branch))
+    readme, intro = readme_templates(course, lang)
+    readme = (readme.replace("{table}", _table(ids, url, branch)).replace("{stub}", CODE_STUB[lang].split("\n")[0])
+              .replace("{demos}", _demos_section(demos, url, branch, intro)))
     if url is not None:
         readme = readme.replace(URL_PLACEHOLDER, _install_address(url, branch))
     (dest / "README.md").write_text(readme, encoding="utf-8")
     (dest / ".gitignore").write_text(GITIGNORE, encoding="utf-8")
-    _write_jupyter_config(dest, course.root)
+    _write_jupyter_config(dest, course.root, lang)
     for path in dest.rglob("*"):
         if path.is_file():
             os.chmod(path, 0o755 if path.name == "course" else 0o644)

@@ -11,7 +11,9 @@ from __future__ import annotations
 import ast
 import atexit
 import os
+import re
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -165,6 +167,34 @@ def guarded_execute_class():
 _LAUNCHER_VARIABLES = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
                        "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID",
                        "SLURM_NTASKS_PER_NODE"}
+
+
+#: What ``labsupport.use_language`` sets: the language of the course's messages in a process and those it starts.
+LANGUAGE_ENV = "LABSUPPORT_LANG"
+_USE_LANGUAGE = re.compile(r"""^labsupport\.use_language\(["'](\w+)["']\)""", re.M)
+
+
+def notebook_language(nb) -> str:
+    """The language a notebook's set-up cell (``grade_id`` setup) switches the course's messages to, else ``"en"``."""
+    for cell in nb.cells:
+        if nbgrader_meta(cell).get("grade_id") == "setup":
+            found = _USE_LANGUAGE.search(cell.get("source", ""))
+            return found.group(1) if found else "en"
+    return "en"
+
+
+@contextmanager
+def speaking(lang: str):
+    """The course's messages in ``lang`` in this process and the kernels and processes it starts, meanwhile."""
+    saved = os.environ.get(LANGUAGE_ENV)
+    os.environ[LANGUAGE_ENV] = lang
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(LANGUAGE_ENV, None)
+        else:
+            os.environ[LANGUAGE_ENV] = saved
 
 
 def kernel_env(extra_paths=()) -> dict:

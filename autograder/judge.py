@@ -322,8 +322,9 @@ class SharedServer:
             os.environ[_forkserver.SHARED_SERVER_ENV] = self.saved
 
 
-def judge_spec(repaired, source_nb, release_nb, cell_timeout: float) -> dict:
-    """What the judge needs for one submission (see the module docstring)."""
+def judge_spec(repaired, source_nb, release_nb, cell_timeout: float, language: str = "en") -> dict:
+    """What the judge needs for one submission (see the module docstring); ``language``: the one its messages are
+    in (the submission's)."""
     from .execute import nbgrader_meta
     from .feedback import source_text
     setup, tests = [], []
@@ -342,7 +343,7 @@ def judge_spec(repaired, source_nb, release_nb, cell_timeout: float) -> dict:
         if cell.cell_type != "code" or meta.get("grade") or (meta.get("locked") and not meta.get("solution")):
             continue
         student.append({"label": meta.get("grade_id") or f"cell {i + 1}", "source": source_text(cell)})
-    return {"setup": setup, "student": student, "tests": tests, "timeout": cell_timeout}
+    return {"setup": setup, "student": student, "tests": tests, "timeout": cell_timeout, "language": language}
 
 
 def verdicts_to_points(report: dict, max_points: dict[str, float]) -> dict[str, tuple[float, str | None]]:

@@ -76,6 +76,10 @@ def judge(shell, spec: dict, labsupport) -> dict:
     """Run the set-up, the student's definitions and the hidden tests (see the module docstring); the report."""
     started = time.monotonic()
     report = {"tests": {}, "skipped": [], "setup_errors": [], "seconds": 0.0}
+    if labsupport is not None and spec.get("language", "en") != "en":
+        from labsupport.i18n import use_language
+
+        use_language(spec["language"])   # the messages of the hidden tests, in the submission's language
 
     def run(source: str):
         result = shell.run_cell(source, silent=True, store_history=False)

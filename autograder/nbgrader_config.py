@@ -27,6 +27,17 @@ MAX_TRACEBACK_LINES = 100
 SOURCE_DIRECTORY = "solutions"
 RELEASE_DIRECTORY = "notebooks"
 
+#: What an answer cell of the release holds (code) and an answer of a written question (text), per language.
+CODE_STUB = {"en": "# YOUR CODE HERE\nraise NotImplementedError()", "zh": "# 在此处填写你的代码\nraise NotImplementedError()"}
+TEXT_STUB = {"en": "YOUR ANSWER HERE", "zh": "在此处填写你的答案"}
+
+
+def stub_config(lang: str) -> dict:
+    """nbgrader settings (``nbgrader_api``'s keywords) that give a release in ``lang`` its own stubs."""
+    if lang == "en":
+        return {}
+    return {"ClearSolutions__code_stub": {"python": CODE_STUB[lang]}, "ClearSolutions__text_stub": TEXT_STUB[lang]}
+
 
 def make_config(root: str, *, cell_timeout: float = CELL_TIMEOUT, db_url: str | None = None):
     """The nbgrader configuration for a course rooted at ``root``."""
@@ -51,8 +62,8 @@ def make_config(root: str, *, cell_timeout: float = CELL_TIMEOUT, db_url: str | 
     c.LimitOutput.max_lines = MAX_OUTPUT_LINES
     c.LimitOutput.max_traceback = MAX_TRACEBACK_LINES
     # Students get their own notebooks back untouched apart from the solution stubs.
-    c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
-    c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
+    c.ClearSolutions.code_stub = {"python": CODE_STUB["en"]}
+    c.ClearSolutions.text_stub = TEXT_STUB["en"]
     c.Exchange.root = os.path.join(root, "exchange")
     return c
 

@@ -13,6 +13,10 @@ before nbgrader sees a submission we:
 
 Answer cells are never put back: a student may have defined the function elsewhere, and a re-inserted stub would
 overwrite it.
+
+A read-only cell as a translated release has it (``notebooks-zh/``: translated comments, and a set-up cell that
+switches the course's messages to Chinese) is not an edit: it is restored to the English like any other, and the
+report records the submission's language (``language``, from its set-up cell) so that grading speaks it.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ class TamperReport:
     answers_metadata_changed: list[str] = field(default_factory=list)
     duplicates: list[str] = field(default_factory=list)
     unknown_ids: list[str] = field(default_factory=list)
+    language: str = "en"                                        # the language of the set-up cell handed in
 
     @property
     def tampered_cells(self) -> list[str]:
@@ -80,23 +85,27 @@ class TamperReport:
         return parts
 
 
-def repair(submission, release, source=None):
+def repair(submission, release, source=None, translations=None):
     """A copy of ``submission`` fit for nbgrader, and the ``TamperReport`` describing what was wrong.
 
     All arguments are nbformat v4 notebooks (``NotebookNode``); ``release`` is the notebook students received and
     ``source`` (optional) the instructor's notebook it was generated from: a read-only cell that matches the
     source version (hidden tests included) is not counted as edited, so grading the solutions reports nothing.
+    ``translations`` (optional), {language: [its source and release notebooks]}: a read-only cell as one of them
+    has it is not counted as edited either.
     """
     nb = copy.deepcopy(submission)
     report = TamperReport()
     rel_cells = [c for c in release.cells if nbgrader_meta(c).get("grade_id")]
     rel_by_id = {nbgrader_meta(c)["grade_id"]: c for c in rel_cells}
     rel_order = [nbgrader_meta(c)["grade_id"] for c in rel_cells]
-    accepted = {gid: {_norm(_source(c))} for gid, c in rel_by_id.items()}
-    for cell in (source.cells if source is not None else []):
-        gid = nbgrader_meta(cell).get("grade_id")
-        if gid in accepted:
-            accepted[gid].add(_norm(_source(cell)))
+    accepted = {gid: {_norm(_source(c)): "en"} for gid, c in rel_by_id.items()}   # {normalised source: language}
+    versions = [("en", source)] + [(lang, nb) for lang, nbs in (translations or {}).items() for nb in nbs]
+    for lang, other in versions:
+        for cell in (other.cells if other is not None else []):
+            gid = nbgrader_meta(cell).get("grade_id")
+            if gid in accepted:
+                accepted[gid].setdefault(_norm(_source(cell)), lang)
 
     # 1. ids: drop unknown ones and all but the last copy of duplicated ones
     seen = set()
@@ -159,6 +168,8 @@ def repair(submission, release, source=None):
                 report.metadata_changed.append(gid)
             if _norm(_source(cell)) not in accepted[gid] and gid not in report.stripped:
                 report.edited.append(gid)
+            elif gid == "setup":
+                report.language = accepted[gid].get(_norm(_source(cell)), "en")
             _reset_cell(cell, rel, keep_source=False)
         else:
             if flags_differ and gid not in report.answers_stripped:

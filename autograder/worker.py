@@ -22,7 +22,7 @@ from pathlib import Path
 from . import feedback as fb
 from .checks._common import REFUSED
 from .course import RELEASE, SOURCE
-from .execute import CURRENT, guarded_execute_class, kernel_env, nbgrader_meta, reset_record
+from .execute import CURRENT, guarded_execute_class, kernel_env, nbgrader_meta, reset_record, speaking
 from .judge import judge_spec
 from .reading import (
     _compose,
@@ -60,6 +60,7 @@ class Result:
     seconds: float = 0.0
     phases: dict = field(default_factory=dict)         # seconds spent per phase (benchmarks/grading.py)
     flags: list[str] = field(default_factory=list)     # "cell: reason", for a person to review
+    language: str = "en"                               # the submission's (its set-up cell's): feedback speaks it
 
     def row(self) -> dict:
         return {
@@ -113,7 +114,7 @@ def init_worker(template: str, work_root: str, out_dir: str, cell_timeout: float
     preprocessors = [guarded_execute_class() if p is Execute else p for p in defaults]
     api = nbgrader_api(course_dir, cell_timeout=cell_timeout, Autograde__autograde_preprocessors=preprocessors)
     _WORKER.update(root=course_dir, api=api, out=Path(out_dir), timeout=cell_timeout,
-                   releases={}, sources={}, secrets={}, running=Path(work_root) / "running",
+                   releases={}, sources={}, secrets={}, translations={}, running=Path(work_root) / "running",
                    course_root=course_root, judge=None, judge_logs=root.with_suffix(".judges"),
                    unstarted=unstarted, tag=run_tag(work_root), kernels_tmp=kernels_tmp)
     _WORKER["judge_logs"].mkdir(exist_ok=True)
@@ -172,7 +173,20 @@ def _release(aid: str):
         _WORKER["releases"][aid] = release
         _WORKER["sources"][aid] = source
         _WORKER["secrets"][aid] = fb.hidden_lines(source, release)
+        _WORKER["translations"][aid] = _translations(aid)
     return _WORKER["releases"][aid], _WORKER["secrets"][aid]
+
+
+def _translations(aid: str) -> dict:
+    """The translated versions of ``aid`` whose read-only cells are not edits (``tamper.repair``), or none where
+    the course's catalogs cannot be read (Babel missing)."""
+    from .course import Course
+
+    try:
+        from .translation import translated_versions
+    except ImportError:
+        return {}
+    return translated_versions(Course.at(_WORKER["course_root"]), aid)
 
 
 def max_points(release) -> float:
@@ -218,7 +232,8 @@ def grade_task(task: Task) -> Result:
     clean = fb.clean_notebook(graded, release, {o.grade_id: o for o in outcomes}, secret) if graded else None
     page = _WORKER["out"] / "feedback" / task.student / f"{task.assignment}.html"
     page.parent.mkdir(parents=True, exist_ok=True)
-    page.write_text(fb.render(summary, clean), encoding="utf-8")
+    with speaking(result.language):
+        page.write_text(fb.render(summary, clean), encoding="utf-8")
     result.seconds = time.monotonic() - started
     result.phases["total"] = result.seconds
     return result
@@ -284,13 +299,16 @@ def _grade_notebook(task: Task, release, secret, result: Result, notes: list[str
     if problem:
         result.reason = problem
         return None
-    repaired, report = repair(nb, release, _WORKER["sources"][task.assignment])
+    repaired, report = repair(nb, release, _WORKER["sources"][task.assignment],
+                              _WORKER["translations"][task.assignment])
     _unique_ids(repaired)
     result.tampered_cells = report.tampered_cells
+    result.language = report.language
     result.flags = [str(f) for f in screen_notebook(repaired, release)]
     # the judge gets the student's cells now, from the file, before any kernel runs them
     judge = _take_judge()
-    judge.start(judge_spec(repaired, _WORKER["sources"][task.assignment], release, _WORKER["timeout"]))
+    judge.start(judge_spec(repaired, _WORKER["sources"][task.assignment], release, _WORKER["timeout"],
+                           language=report.language))
     root, api = _WORKER["root"], _WORKER["api"]
     submitted = root / "submitted" / task.student / task.assignment
     autograded = root / "autograded" / task.student / task.assignment
@@ -301,7 +319,8 @@ def _grade_notebook(task: Task, release, secret, result: Result, notes: list[str
     for _attempt in range(INFRA_ATTEMPTS):
         reset_record()
         kernel_started = time.monotonic()
-        outcome = api.autograde(task.assignment, task.student, force=True, create=True)
+        with speaking(report.language):   # the kernel's (its set-up cell is restored to the English one)
+            outcome = api.autograde(task.assignment, task.student, force=True, create=True)
         result.phases["autograde"] = time.monotonic() - kernel_started
         # Failed while no cell of the student was running (the kernel did not start: on a busy machine a port
         # picked for it can be taken before it binds it; or nbgrader tripped): not the student's doing, try again.

@@ -14,6 +14,8 @@ The few public names:
   a word, saying so; ``skipped(exc, name)``: the line a demo prints when an exercise it runs is not ready.
 * ``%%visible_test NAME`` and ``require_passed(NAME)``: visible tests that let *Run All* go past an exercise not
   written yet, and a Validate button that fails until every visible test passes (``labsupport.visible``).
+* ``use_language("zh")``, ``language()``: the language of the course's messages (``labsupport.i18n``); the set-up
+  cell of each Chinese notebook calls ``use_language("zh")``.
 """
 
 import os as _os
@@ -22,6 +24,7 @@ from .comm import CommCounter, CommCall
 from .display import shorten, show_table, skipped
 from .visible import require_passed, require_visible
 from .launch import WorkerError, WorkerTimeout, device, in_worker, run, shutdown
+from .i18n import language, use_language
 from .timeline import Timeline
 from ._pool import start_early as _start_early
 from ._pool import stop_with_the_kernel as _stop_with_the_kernel
@@ -42,6 +45,8 @@ __all__ = [
     "skipped",
     "require_passed",
     "require_visible",
+    "use_language",
+    "language",
 ]
 
 

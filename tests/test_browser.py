@@ -5,7 +5,10 @@ a ``%%distributed`` cell run, the ranks' ``[rank N]`` lines appear while a cell 
 shows the rank, the exception and the student's own line first, an interrupt stops every rank and says so in one
 line, and the next cell works. Then nbgrader's Validate button: an untouched release fails and names its exercise,
 the solved notebook passes, and notebook 04 with one exercise solved gets a checklist (one line per exercise, no
-traceback) instead of a traceback per exercise. The server runs from the repository root, so Validate reads its ``nbgrader_config.py``.
+traceback) instead of a traceback per exercise. The server runs from the repository root, so Validate reads its
+``nbgrader_config.py``. In Chinese: a second lab started as ``./course lab --lang zh`` starts it (``jupyter-config/zh``
+on ``JUPYTER_CONFIG_PATH``) shows JupyterLab's Chinese interface, and notebook 04 of the Chinese release with one
+exercise solved gets the same checklist from Validate.
 
 The browser is Debian's ``chromium`` (``.ci/run`` installs it when apt can), used by Playwright through
 ``executable_path``: the test never downloads a browser and skips when there is none. Set ``BROWSER_TEST_SHOTS`` to
@@ -32,6 +35,7 @@ RELEASE = ROOT / "notebooks" / "00_launch" / "00_launch.ipynb"
 SOLUTION = ROOT / "solutions" / "00_launch" / "00_launch.ipynb"
 TP_RELEASE = ROOT / "notebooks" / "04_tensor_parallel" / "04_tensor_parallel.ipynb"
 TP_SOLUTION = ROOT / "solutions" / "04_tensor_parallel" / "04_tensor_parallel.ipynb"
+TP_RELEASE_ZH = ROOT / "notebooks-zh" / "04_tensor_parallel" / "04_tensor_parallel.ipynb"
 CHROMIUM = os.environ.get("COURSE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 SHOTS = os.environ.get("BROWSER_TEST_SHOTS")
 
@@ -73,26 +77,30 @@ def _descendants(pid: int) -> list:
         return []
 
 
-def _one_exercise_solved() -> nbformat.NotebookNode:
-    """Notebook 04's release with its first exercise (copy_to_tp) answered as the solution answers it."""
+def _one_exercise_solved(release=TP_RELEASE) -> nbformat.NotebookNode:
+    """Notebook 04's release (``release``) with its first exercise (copy_to_tp) answered as the solution answers it."""
     def grade_id(cell):
         return cell.metadata.get("nbgrader", {}).get("grade_id")
 
     solution = next(c for c in nbformat.read(TP_SOLUTION, as_version=4).cells if grade_id(c) == "copy_to_tp")
     answer = "\n".join(line for line in solution.source.splitlines()
                         if "### BEGIN SOLUTION" not in line and "### END SOLUTION" not in line)
-    nb = nbformat.read(TP_RELEASE, as_version=4)
+    nb = nbformat.read(release, as_version=4)
     cell = next(c for c in nb.cells if grade_id(c) == "copy_to_tp")
     cell.source = answer
     return nb
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    """A JupyterLab server on a temporary folder holding the notebooks; stopped with everything it started."""
+def _no_chromium():
     if not Path(CHROMIUM).exists():
         pytest.skip(f"no chromium at {CHROMIUM}: install Debian's package (apt-get install chromium; .ci/run does it "
                     "when apt can). This test never downloads a browser.")
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """A JupyterLab server on a temporary folder holding the notebooks; stopped with everything it started."""
+    _no_chromium()
     tmp = tmp_path_factory.mktemp("lab")
     root = tmp / "root"
     (root / "untouched").mkdir(parents=True)
@@ -104,10 +112,28 @@ def lab(tmp_path_factory):
     shutil.copy(SOLUTION, root / "solved" / "00_launch.ipynb")
     (root / "partly").mkdir()
     nbformat.write(_one_exercise_solved(), root / "partly" / "04_tensor_parallel.ipynb")
+    yield from _serve(tmp, root)
 
+
+@pytest.fixture(scope="module")
+def lab_zh(tmp_path_factory):
+    """A JupyterLab server as ``./course lab --lang zh`` starts it, on a folder holding the Chinese release of 04
+    with one exercise solved."""
+    _no_chromium()
+    tmp = tmp_path_factory.mktemp("lab-zh")
+    root = tmp / "root"
+    (root / "partly").mkdir(parents=True)
+    nbformat.write(_one_exercise_solved(TP_RELEASE_ZH), root / "partly" / "04_tensor_parallel.ipynb")
+    yield from _serve(tmp, root, [ROOT / "jupyter-config" / "zh", ROOT / "jupyter-config"])
+
+
+def _serve(tmp: Path, root: Path, config_path=()):
+    """Serve ``root`` (the lab's dict) until the generator is closed; ``config_path``: JUPYTER_CONFIG_PATH."""
     port, token = _free_port(), secrets.token_hex(16)
     env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp / "runtime"), IPYTHONDIR=str(tmp / "ipython"))
     env.pop("NBGRADER_VALIDATING", None)
+    if config_path:
+        env["JUPYTER_CONFIG_PATH"] = os.pathsep.join(map(str, config_path))
     jupyter = Path(sys.executable).parent / "jupyter"   # .venv/bin/jupyter lab, as the README says
     start = [str(jupyter), "lab"] if jupyter.exists() else [sys.executable, "-m", "jupyterlab"]
     cmd = start + ["--no-browser", f"--port={port}", "--ServerApp.ip=127.0.0.1",
@@ -149,7 +175,8 @@ def lab(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def browser(lab):
+def browser():
+    _no_chromium()
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-gpu"])
         try:
@@ -287,6 +314,42 @@ def test_validate_a_partly_solved_notebook_reads_like_a_checklist(browser, lab):
     assert "copy_to_tp            passes" in lines, text
     for name in ("reduce_from_tp", "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "ParallelAttention"):
         assert f"{name:<20}  not started: it still raises NotImplementedError" in lines, (name, text)
+    for ours in ("Traceback", "visible.py", "labsupport/", "File "):
+        assert ours not in text, (ours, text)
+    assert len(text.splitlines()) < 25, text
+
+
+TP_EXERCISES = ("copy_to_tp", "reduce_from_tp", "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP",
+                "ParallelAttention")
+
+
+def test_the_chinese_lab_and_validate_on_a_chinese_notebook(browser, lab_zh):
+    """The lab of ``./course lab --lang zh``: JupyterLab's menus in Chinese, the Chinese release's stub in the answer
+    cells, the set-up cell's switch to Chinese; Validate on 04 with one exercise solved gives the checklist, one line
+    per exercise (the solved one's status differs from the five others', which read alike), no traceback. The
+    words of the checklist and of the messages are labsupport's: Chinese where its message catalog has them."""
+    t = Lab(browser, lab_zh, "partly/04_tensor_parallel.ipynb")
+    try:
+        menus = t.page.locator("#jp-MainMenu .lm-MenuBar-itemLabel")
+        expect(menus.first).to_have_text("文件", timeout=60_000)      # "File", from the zh_CN language pack
+        stubs = t.page.locator(".jp-InputArea-editor", has_text="在此处填写你的代码")
+        expect(stubs).to_have_count(len(TP_EXERCISES) - 1)
+        setup = t.page.locator(".jp-InputArea-editor", has_text='labsupport.use_language("zh")')
+        expect(setup).to_have_count(1)
+        t.shot("chinese lab")
+    finally:
+        t.close()
+    text = _validate(browser, lab_zh, "partly/04_tensor_parallel.ipynb")
+    assert "Success" not in text, text
+    assert text.count("The following cell failed") == 1, text        # nbgrader's own words
+    lines = [line.strip() for line in text.splitlines()]
+    status = {}
+    for name in TP_EXERCISES:
+        found = [line for line in lines if line.split() and line.split()[0] == name]
+        assert len(found) == 1, (name, text)
+        status[name] = found[0][len(name):].strip()
+    assert len({status[name] for name in TP_EXERCISES[1:]}) == 1 and status["copy_to_tp"] != status["ParallelMLP"], \
+        status
     for ours in ("Traceback", "visible.py", "labsupport/", "File "):
         assert ours not in text, (ours, text)
     assert len(text.splitlines()) < 25, text

@@ -1,6 +1,7 @@
-"""Every real assignment in solutions/: the committed release is what ``release`` generates, the solution gets full
-marks from ``grade``, the untouched release gets zero without a hang, a planted bug costs its own exercise's points
-and nothing else's, and nothing in git leaks or carries outputs.
+"""Every real assignment in solutions/: the committed release is what ``release`` generates (the English one in
+notebooks/, the Chinese one in notebooks-zh/), the solution gets full marks from ``grade``, the untouched release gets
+zero without a hang, a planted bug costs its own exercise's points and nothing else's, a Chinese solution and release
+score exactly as the English ones, and nothing in git leaks or carries outputs.
 
 All assignments are graded in the class's one ``grade --jobs 2`` run (``class_graded``, see
 ``fixtures/class_of_submissions.py``), so adding a notebook adds its own grading time and nothing more.
@@ -17,7 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 import demo_submissions as demo  # noqa: E402
-from class_of_submissions import ASSIGNMENTS, CHECKED, CHECKED_WRONG, COURSE, MUTANTS  # noqa: E402
+from class_of_submissions import ASSIGNMENTS, CHECKED, CHECKED_WRONG, CHINESE, COURSE, MUTANTS  # noqa: E402
 
 REPO = demo.REPO
 PARAMS = ASSIGNMENTS or [pytest.param(None, marks=pytest.mark.skip(reason="no assignments in solutions/ yet"))]
@@ -25,10 +26,18 @@ PARAMS = ASSIGNMENTS or [pytest.param(None, marks=pytest.mark.skip(reason="no as
 
 @pytest.fixture(scope="session")
 def regenerated(tmp_path_factory):
-    out = tmp_path_factory.mktemp("release")
-    proc = demo.cli("release", "--out", out, "--course", REPO)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return out
+    """``regenerated(lang)``: a folder with the release in ``lang`` of every assignment, made once per session."""
+    made = {}
+
+    def release_in(lang: str) -> Path:
+        if lang not in made:
+            out = tmp_path_factory.mktemp(f"release-{lang}")
+            proc = demo.cli("release", "--lang", lang, "--out", out, "--course", REPO)
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            made[lang] = out
+        return made[lang]
+
+    return release_in
 
 
 def _cell_scores(out: Path, student: str, aid: str) -> dict:
@@ -46,17 +55,21 @@ def _cell_scores(out: Path, student: str, aid: str) -> dict:
         return {g.name: (g.score, g.max_score) for g in notebook.grades}
 
 
+@pytest.mark.parametrize("lang", ["en", "zh"])
 @pytest.mark.parametrize("aid", PARAMS)
-def test_release_is_what_solutions_generate(aid, regenerated):
-    committed = COURSE.notebooks / aid
-    assert committed.is_dir(), f"notebooks/{aid} is missing: run python -m autograder release"
+def test_release_is_what_solutions_generate(aid, lang, regenerated):
+    """The English release is what solutions/ generates; the Chinese one what solutions/ and the catalogs of
+    i18n/zh/ generate."""
+    committed, fresh_root = COURSE.release_dir(lang) / aid, regenerated(lang)
+    folder = committed.relative_to(REPO)
+    assert committed.is_dir(), f"{folder} is missing: run python -m autograder release"
     files = sorted(p.relative_to(committed) for p in committed.rglob("*") if p.is_file()
                    and ".ipynb_checkpoints" not in p.parts and "__pycache__" not in p.parts)
-    fresh = sorted(p.relative_to(regenerated / aid) for p in (regenerated / aid).rglob("*") if p.is_file())
+    fresh = sorted(p.relative_to(fresh_root / aid) for p in (fresh_root / aid).rglob("*") if p.is_file())
     assert files == fresh
     for rel in files:
-        assert (committed / rel).read_bytes() == (regenerated / aid / rel).read_bytes(), \
-            f"notebooks/{aid}/{rel} differs from what solutions/ generates: run python -m autograder release"
+        assert (committed / rel).read_bytes() == (fresh_root / aid / rel).read_bytes(), \
+            f"{folder}/{rel} differs from what solutions/ (and i18n/) generate: run python -m autograder release"
 
 
 @pytest.mark.parametrize("aid", PARAMS)
@@ -98,6 +111,21 @@ def test_planted_bug_costs_its_exercise_and_nothing_else(aid, class_graded):
     assert float(row["points"]) == sum(m for t, (_, m) in scores.items() if t not in lost), row
 
 
+def test_a_chinese_solution_and_release_score_as_the_english_ones(class_graded):
+    """The Chinese solution and release of one notebook (the class's ``solution_zh`` and ``release_zh``): the same
+    points test by test as the English ones, no cell taken for an edit, no flag, no hidden test in the feedback."""
+    grades, out = class_graded.grades, class_graded.out
+    for english, chinese in (("solution", "solution_zh"), ("release", "release_zh")):
+        en, zh = grades[(english, CHINESE)], grades[(chinese, CHINESE)]
+        assert zh["status"] == "ok" and zh["tampered_cells"] == "" and zh["flags"] == "", zh
+        assert (zh["points"], zh["max_points"]) == (en["points"], en["max_points"]), (en, zh)
+        assert _cell_scores(out, chinese, CHINESE) == _cell_scores(out, english, CHINESE)
+        text = demo.html_text(class_graded.feedback(chinese, CHINESE).read_text())
+        for line in demo.hidden_test_lines(CHINESE, course=REPO):
+            assert line not in text, (chinese, line)
+    assert float(grades[("solution_zh", CHINESE)]["points"]) == float(grades[("solution_zh", CHINESE)]["max_points"])
+
+
 @pytest.mark.parametrize("aid", PARAMS)
 def test_feedback_has_no_hidden_test(aid, class_graded):
     secret = demo.hidden_test_lines(aid, course=REPO)
@@ -110,10 +138,12 @@ def test_feedback_has_no_hidden_test(aid, class_graded):
         assert "BEGIN HIDDEN TESTS" not in page and "BEGIN SOLUTION" not in page
 
 
+@pytest.mark.parametrize("lang", ["en", "zh"])
 @pytest.mark.parametrize("aid", PARAMS)
-def test_release_has_no_solution_or_hidden_test(aid):
-    assert (COURSE.notebooks / aid / f"{aid}.ipynb").is_file(), f"notebooks/{aid} is missing: run release"
-    text = (COURSE.notebooks / aid / f"{aid}.ipynb").read_text()
+def test_release_has_no_solution_or_hidden_test(aid, lang):
+    path = COURSE.release_dir(lang) / aid / f"{aid}.ipynb"
+    assert path.is_file(), f"{path.relative_to(REPO)} is missing: run release"
+    text = path.read_text(encoding="utf-8")
     for marker in ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"):
         assert marker not in text, marker
 
