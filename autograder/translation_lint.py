@@ -235,7 +235,12 @@ def prose(kind: str, text: str) -> str:
     words = [t.string.lstrip("#") for i, t in enumerate(tokens)
              if (t.type == tokenize.COMMENT and t.string.strip() not in MARKERS)
              or (t.type == tokenize.STRING and _stands_alone(tokens, i))]
-    return "\n".join(words)
+    return _CODE_WORD.sub(" ", _CODE_SPAN.sub(" ", "\n".join(words)))
+
+
+#: A word of code inside a comment or a docstring (``linear.weight.chunk(t, 1)``, ``chunks[rank]``, ``max_norm``):
+#: a name, not a term.
+_CODE_WORD = re.compile(r"\w+(?:[._]\w+|\([^()\n]*\)|\[[^\[\]\n]*\])+")
 
 
 #: A translator's comment on an entry (``# glossary-exempt: gather: the verb, not the collective``) that lets its
