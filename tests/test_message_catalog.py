@@ -131,6 +131,41 @@ def test_the_glossary_rule(tmp_path, glossary):
     assert [p.split(":")[0] for p in problems] == ["'process groups' should be '进程组'", "'broadcast' should be '广播'"]
 
 
+def test_update_keeps_translations_and_a_changed_message_stays_stale_until_revised(tmp_path):
+    """``python -m autograder.messages update`` then ``revised``, on a tree of one module."""
+    (tmp_path / "i18n").mkdir()
+    shutil.copy(ROOT / cat.MAPPING, tmp_path / cat.MAPPING)
+    module = tmp_path / "labsupport" / "m.py"
+    module.parent.mkdir()
+
+    def code(first):
+        module.write_text(f'from .i18n import _\n\n\ndef f():\n    return _("{first}"), _("the other one")\n')
+
+    def mo():
+        with cat.catalog_path(tmp_path, "zh").with_suffix(".mo").open("rb") as f:
+            return gettext.GNUTranslations(f)
+
+    code("the first message")
+    path = cat.update(tmp_path, "zh")
+    assert cat.not_current(cat.read_catalog(path)) == ["not translated: 'the first message'",
+                                                       "not translated: 'the other one'"]
+    catalog = cat.read_catalog(path)
+    catalog["the first message"].string, catalog["the other one"].string = "第一条消息", "另一条"
+    cat.write_catalog(catalog, path)
+    cat.update(tmp_path, "zh")
+    assert cat.not_current(cat.read_catalog(path)) == [] and mo().gettext("the first message") == "第一条消息"
+    code("the first message, changed")
+    cat.update(tmp_path, "zh")
+    catalog = cat.read_catalog(path)
+    assert catalog["the first message, changed"].string == "第一条消息" and catalog["the first message"] is None
+    assert [p.split(":")[0] for p in cat.not_current(catalog)] == ["stale (its English changed since it was "
+                                                                  "translated; revise it, then run `python -m "
+                                                                  "autograder.messages revised`)"]
+    assert mo().gettext("the first message, changed") == "the first message, changed"   # English until revised
+    assert cat.revised(tmp_path, "zh") == ["the first message, changed"]
+    assert cat.not_current(cat.read_catalog(path)) == [] and mo().gettext("the first message, changed") == "第一条消息"
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the compiled catalog the package ships
 
