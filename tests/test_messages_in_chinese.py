@@ -200,5 +200,5 @@ def test_the_feedback_page_s_headings(monkeypatch):
     for text in ['<html lang="zh-CN">', "<h1>反馈：99_demo</h1>", "<th>测试</th><th>分数</th><th>结果</th>",
                  '<span class="ok">通过</span>', '<span class="bad">未通过</span>: no',
                  "<strong>未能自动评分。</strong> the kernel died", "<p>评分器的说明：</p>",
-                 "<strong>已标记，待人工复核。</strong> 你的老师会查看", "学生： <strong>ada</strong>"]:
+                 "<strong>已标记，待复核。</strong> 你的老师会查看", "学生： <strong>ada</strong>"]:
         assert text in page, text
