@@ -38,10 +38,10 @@ import torch.distributed as dist
 
 from . import _pickling  # rebuilds functions and classes defined in a notebook
 from . import tap as _tap
-from .i18n import N_
 from ._callboard import install as _install_call_board
 from ._callboard import post_current as _post_current_call
 from ._native import native_log
+from .i18n import N_
 
 # Set per task; read by labsupport.device() and labsupport.in_worker().
 CURRENT: dict = {}
