@@ -12,16 +12,20 @@ visible tests, and the score is an estimate.
 
 from __future__ import annotations
 
+import os
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from labsupport.i18n import _
 from labsupport.visible import NOT_STARTED_LINE
 
 from .course import CourseError
 from .execute import cell_label, has_visible_code, kernel_env, nbgrader_meta, notebook_language, run_notebook, speaking
 from .nbgrader_config import CELL_TIMEOUT
 from .progress import Progress
+
 
 
 @dataclass
@@ -51,7 +55,7 @@ def _error_line(cell) -> str | None:
         if out.get("output_type") == "error":
             ename, value = out.get("ename"), str(out.get("evalue", "")).strip().splitlines()
             if ename == "NotImplementedError" or (value and "NotImplementedError" in value[-1]):
-                return NOT_STARTED_LINE
+                return _(NOT_STARTED_LINE)
             # a labsupport error leads with what happened on which rank (its last line says who was stopped)
             line = value[0] if ename in ("WorkerError", "WorkerTimeout") else value[-1] if value else ""
             return f"{ename}: {line}" if line else str(ename)
@@ -117,40 +121,49 @@ def _verdicts(judge, hidden: Hidden, timeout: float) -> dict:
 def _points(nb) -> dict[str, float]:
     return {nbgrader_meta(c)["grade_id"]: float(nbgrader_meta(c).get("points", 0))
             for c in nb.cells if nbgrader_meta(c).get("grade")}
+
+
 def check(path, timeout: float = CELL_TIMEOUT, stream=None, course_root=None) -> int:
     """Run the check and print the report; returns the exit status (0 all tests pass, 1 otherwise). It speaks the
-    notebook's language (a Chinese notebook's set-up cell switches to Chinese)."""
-    import nbformat
-
-    path = Path(path)
-    try:
-        nb = nbformat.read(path, as_version=4) if path.is_file() else None
-    except Exception:
-        nb = None
-    with speaking(notebook_language(nb) if nb is not None else "en"):
-        return _check(path, timeout, stream, course_root)
-
-
-def _check(path, timeout: float, stream, course_root) -> int:
-    import tempfile
-
+    notebook's language (a Chinese notebook's set-up cell switches to Chinese) unless ``LABSUPPORT_LANG`` names one."""
     import nbformat
 
     stream = stream or sys.stdout
     path = Path(path)
     if not path.is_file():
-        raise CourseError(f"notebook {path} does not exist")
+        raise CourseError(_("notebook {path} does not exist").format(path=path))
     try:
         nb = nbformat.read(path, as_version=4)
     except Exception as exc:
-        raise CourseError(f"cannot read {path} as a notebook: {str(exc).splitlines()[0] if str(exc) else exc!r}")
+        raise CourseError(_("cannot read {path} as a notebook: {error}").format(
+            path=path, error=str(exc).splitlines()[0] if str(exc) else repr(exc)))
     found = exercises(nb)
     if not found:
-        raise CourseError(f"{path} has no exercises (no cells with nbgrader answer metadata)")
+        raise CourseError(_("{path} has no exercises (no cells with nbgrader answer metadata)").format(path=path))
+    with _language_of(nb):
+        return _check(path, nb, found, timeout, stream, course_root)
+
+
+@contextmanager
+def _language_of(nb):
+    """The report in the notebook's language, unless the environment (``LABSUPPORT_LANG``) names one."""
+    if "LABSUPPORT_LANG" in os.environ:
+        yield
+        return
+    with speaking(notebook_language(nb)):
+        yield
+
+
+def _check(path: Path, nb, found: list[Exercise], timeout: float, stream, course_root) -> int:
+    import tempfile
+
     hidden = hidden_tests(path, course_root)
-    print(f"Checking {path} in a fresh kernel"
-          + (", and with the grader's hidden tests" if hidden else "")
-          + " (this runs every cell; it can take a minute)...", file=stream, flush=True)
+    if hidden:
+        start = _("Checking {path} in a fresh kernel, and with the grader's hidden tests (this runs every cell; it can "
+                  "take a minute)...")
+    else:
+        start = _("Checking {path} in a fresh kernel (this runs every cell; it can take a minute)...")
+    print(start.format(path=path), file=stream, flush=True)
     folder = path.resolve().parent
     verdicts = None
     from .judge import SharedServer
@@ -168,22 +181,25 @@ def _check(path, timeout: float, stream, course_root) -> int:
                 judge.close()
     earned, total, clean = _report(nb, found, record, verdicts, stream)
     if record.failure == "dead_kernel":
-        print(f"\nThe kernel died while running {record.failure_cell}; later cells did not run.", file=stream)
+        print("\n" + _("The kernel died while running {cell}; later cells did not run.").format(
+            cell=record.failure_cell), file=stream)
     elif record.failure == "unresponsive":
-        print(f"\n{record.failure_cell} was still running after {timeout:g} s and ignored the interrupt; "
-              "later cells did not run.", file=stream)
+        print("\n" + _("{cell} was still running after {timeout} s and ignored the interrupt; later cells did not "
+                       "run.").format(cell=record.failure_cell, timeout=f"{timeout:g}"), file=stream)
     elif record.failure:
-        print(f"\nThe run stopped early: {record.failure_cell}", file=stream)
+        print("\n" + _("The run stopped early: {cell}").format(cell=record.failure_cell), file=stream)
     if record.timed_out:
-        print(f"\nStopped after {timeout:g} s: {', '.join(record.timed_out)}", file=stream)
+        print("\n" + _("Stopped after {timeout} s: {cells}").format(timeout=f"{timeout:g}",
+                                                                    cells=", ".join(record.timed_out)), file=stream)
     if verdicts is not None:
-        print(f"\nScore from the grader's hidden tests: {earned:g} / {total:g} points.\n"
-              "The messages are the ones the grader's feedback gives. Grading draws new inputs and also runs your "
-              "notebook top to bottom, so keep every cell working.", file=stream)
+        print("\n" + _("Score from the grader's hidden tests: {earned} / {total} points.\n"
+                       "The messages are the ones the grader's feedback gives. Grading draws new inputs and also runs "
+                       "your notebook top to bottom, so keep every cell working.").format(
+            earned=f"{earned:g}", total=f"{total:g}"), file=stream)
     else:
-        print(f"\nLocal estimate: {earned:g} / {total:g} points from the visible tests.\n"
-              "This is an estimate: grading also runs hidden tests, which are not in your copy, so your grade can be "
-              "lower.", file=stream)
+        print("\n" + _("Local estimate: {earned} / {total} points from the visible tests.\n"
+                       "This is an estimate: grading also runs hidden tests, which are not in your copy, so your grade "
+                       "can be lower.").format(earned=f"{earned:g}", total=f"{total:g}"), file=stream)
     return 0 if earned == total and clean and not record.failure else 1
 
 
@@ -199,7 +215,7 @@ def _report(nb, found: list[Exercise], record, verdicts: dict | None, stream) ->
             cell = nb.cells[i]
             if record.failure and cell.cell_type == "code" and cell.source.strip() \
                     and cell.get("execution_count") is None:
-                problems.append(f"{cell_label(cell, i)} did not run")
+                problems.append(_("{cell} did not run").format(cell=cell_label(cell, i)))
                 break
             err = _error_line(cell)
             if err and not (verdicts is not None and nbgrader_meta(cell).get("grade")):
@@ -212,19 +228,20 @@ def _report(nb, found: list[Exercise], record, verdicts: dict | None, stream) ->
             points = sum(v[0] for _, v in hidden if v is not None)
             earned += points
             problems = own + failed_hidden + problems
-            verdict = "ok    hidden tests passed" if not problems else "FAIL  " + problems[0]
+            verdict = "ok    " + _("hidden tests passed") if not problems else "FAIL  " + problems[0]
             if not failed_hidden and problems:
-                verdict = "ok    hidden tests passed, but " + problems[0]
+                verdict = "ok    " + _("hidden tests passed, but {problem}").format(problem=problems[0])
         elif own or problems:
             problems = own + problems
             verdict = "FAIL  " + problems[0]
         elif not checked:
-            verdict = "----  no visible test for this exercise"
+            verdict = "----  " + _("no visible test for this exercise")
         else:
-            verdict = "ok    visible tests passed"
+            verdict = "ok    " + _("visible tests passed")
             earned += ex.points
         clean = clean and not problems
-        print(f"  {ex.name.ljust(width)}  {ex.points:>4g} pts  {verdict}", file=stream)
+        points = _("{points} pts").format(points=f"{ex.points:>4g}")
+        print(f"  {ex.name.ljust(width)}  {points}  {verdict}", file=stream)
         for more in problems[1:]:
-            print(f"  {' ' * width}            also: {more}", file=stream)
+            print(f"  {' ' * width}            " + _("also: {problem}").format(problem=more), file=stream)
     return earned, total, clean

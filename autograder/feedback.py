@@ -18,6 +18,8 @@ import html
 import re
 from dataclasses import dataclass, field
 
+from labsupport.i18n import _, language
+
 from .execute import nbgrader_meta
 
 BEGIN_HIDDEN, END_HIDDEN = "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"
@@ -29,6 +31,7 @@ MAX_MESSAGE_CHARS = 400
 MIN_HIDDEN_LINE = 8   # shorter hidden lines ("pass", "try:") say nothing and occur in anyone's code
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _SAFE_MIME = ("text/plain", "image/png", "image/jpeg", "image/gif")
+_HTML_LANG = {"zh": "zh-CN"}
 
 
 @dataclass
@@ -99,7 +102,7 @@ def clean_value(evalue: str, secret: set[str]) -> str:
     """An exception message fit to show: no colour codes, bounded, withheld if it quotes a hidden-test line."""
     evalue = _ANSI.sub("", evalue or "").strip()
     if any(s in evalue for s in secret):
-        evalue = "(details withheld)"
+        evalue = _("(details withheld)")
     if len(evalue) > MAX_MESSAGE_CHARS:
         evalue = evalue[:MAX_MESSAGE_CHARS - 3] + "..."
     return evalue
@@ -113,10 +116,11 @@ def short_message(ename: str, evalue: str, secret: set[str]) -> str:
 def _bounded(text: str) -> str:
     lines = text.split("\n")
     if len(lines) > MAX_TEXT_LINES:
-        lines = lines[:MAX_TEXT_LINES] + [f"... ({len(lines) - MAX_TEXT_LINES} more lines not shown)"]
+        lines = lines[:MAX_TEXT_LINES] + [_("... ({count} more lines not shown)").format(
+            count=len(lines) - MAX_TEXT_LINES)]
     text = "\n".join(lines)
     if len(text) > MAX_TEXT_CHARS:
-        text = text[:MAX_TEXT_CHARS] + "\n... (output cut)"
+        text = text[:MAX_TEXT_CHARS] + "\n" + _("... (output cut)")
     return text
 
 
@@ -130,7 +134,7 @@ def _clean_outputs(outputs, secret):
             tb = [scrub(line, secret) for line in out.get("traceback", [])]
             tb = [line for line in tb if line.strip()]
             if len(tb) > MAX_TRACEBACK_LINES:
-                tb = ["... (traceback shortened)"] + tb[-MAX_TRACEBACK_LINES:]
+                tb = [_("... (traceback shortened)")] + tb[-MAX_TRACEBACK_LINES:]
             out["traceback"] = tb
             out["evalue"] = clean_value(out.get("evalue", ""), secret)
         elif kind in ("display_data", "execute_result"):
@@ -170,9 +174,11 @@ def clean_notebook(graded_nb, release_nb, outcomes: dict[str, TestOutcome], secr
         if gid in outcomes and meta.get("grade"):
             o = outcomes[gid]
             if o.message is None:
-                line = f"passed: {o.points:g} / {o.max_points:g} points\n"
+                line = _("passed: {points} / {max_points} points").format(points=f"{o.points:g}",
+                                                                          max_points=f"{o.max_points:g}") + "\n"
             else:
-                line = f"failed ({o.points:g} / {o.max_points:g} points): {o.message}\n"
+                line = _("failed ({points} / {max_points} points): {message}").format(
+                    points=f"{o.points:g}", max_points=f"{o.max_points:g}", message=o.message) + "\n"
             cell.outputs = [{"output_type": "stream", "name": "stdout", "text": line}]
         else:
             cell.outputs = _clean_outputs(cell.get("outputs", []), secret)
@@ -237,34 +243,44 @@ def _exporter():
 def render(summary: Summary, nb=None) -> str:
     """The feedback page: a header with the scores and notes, then the cleaned notebook (if any)."""
     esc = html.escape
+
+    def say(text: str) -> str:   # a translated text of the page's own (placed as it is in English: no quotes)
+        return esc(text, quote=False)
+
     rows = []
+    passed, failed = say(_("passed")), say(_("failed"))
     for t in summary.tests:
-        result = '<span class="ok">passed</span>' if t.message is None else \
-            f'<span class="bad">failed</span>: {esc(t.message)}'
+        result = f'<span class="ok">{passed}</span>' if t.message is None else \
+            f'<span class="bad">{failed}</span>: {esc(t.message)}'
         rows.append(f"<tr><td><code>{esc(t.grade_id)}</code></td><td>{t.points:g} / {t.max_points:g}</td>"
                     f"<td>{result}</td></tr>")
-    table = ("<table class=\"scores\"><tr><th>test</th><th>points</th><th>result</th></tr>"
-             + "".join(rows) + "</table>") if rows else ""
+    head = "".join(f"<th>{say(h)}</th>" for h in (_("test"), _("points"), _("result")))
+    table = f"<table class=\"scores\"><tr>{head}</tr>" + "".join(rows) + "</table>" if rows else ""
     status = ""
     if summary.status != "ok":
-        status = f'<p class="status-failed"><strong>Not graded automatically.</strong> {esc(summary.reason)}</p>'
+        not_graded = say(_("Not graded automatically."))
+        status = f'<p class="status-failed"><strong>{not_graded}</strong> {esc(summary.reason)}</p>'
     notes = "".join(f"<li>{esc(n)}</li>" for n in summary.notes)
-    notes = f"<p>Notes from the grader:</p><ul>{notes}</ul>" if notes else ""
+    from_grader = say(_("Notes from the grader:"))
+    notes = f"<p>{from_grader}</p><ul>{notes}</ul>" if notes else ""
     if summary.flags:
         items = "".join(f"<li>{esc(f)}</li>" for f in summary.flags)
-        notes += ('<div class="status-failed"><p><strong>Flagged for review.</strong> Your instructor will look at '
-                  "these parts of your notebook (code an answer never needs, or hidden tests whose outcome "
-                  f"differed between your notebook's run and the grader's own):</p><ul>{items}</ul></div>")
+        flagged = say(_("Flagged for review."))
+        why = say(_("Your instructor will look at these parts of your notebook (code an answer never needs, or "
+                    "hidden tests whose outcome differed between your notebook's run and the grader's own):"))
+        notes += f'<div class="status-failed"><p><strong>{flagged}</strong> {why}</p><ul>{items}</ul></div>'
     body = ""
     if nb is not None:
         exporter, style = _exporter()
-        body, _ = exporter.from_notebook_node(nb)
+        body = exporter.from_notebook_node(nb)[0]
         body = f"<style>{style}</style>\n{body}"
+    title = esc(_("Feedback: {assignment}").format(assignment=summary.assignment))
+    student, score = say(_("Student:")), say(_("Score:"))
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-        f"<title>Feedback: {esc(summary.assignment)} ({esc(summary.student)})</title><style>{_CSS}</style></head>"
-        f"<body><header><h1>Feedback: {esc(summary.assignment)}</h1>"
-        f"<p>Student: <strong>{esc(summary.student)}</strong> &middot; "
-        f"Score: <strong>{summary.points:g} / {summary.max_points:g}</strong></p>"
+        f"<!DOCTYPE html>\n<html lang=\"{_HTML_LANG.get(language(), 'en')}\"><head><meta charset=\"utf-8\">"
+        f"<title>{title} ({esc(summary.student)})</title><style>{_CSS}</style></head>"
+        f"<body><header><h1>{title}</h1>"
+        f"<p>{student} <strong>{esc(summary.student)}</strong> &middot; "
+        f"{score} <strong>{summary.points:g} / {summary.max_points:g}</strong></p>"
         f"{status}{table}{notes}</header>\n<main>{body}</main></body></html>\n"
     )

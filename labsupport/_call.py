@@ -21,6 +21,7 @@ from ._native import native_error
 from ._output import RankOutput
 from ._pool import _cores, _loopback_ifname, _Pool, _Worker
 from .errors import Failure, WorkerError, WorkerTimeout, deadlock_report
+from .i18n import _
 
 _FAILURE_GRACE = 0.4  # seconds to collect the other ranks' errors after the first failure
 _STACK_WAIT = 2.0  # at most this long for the stack dumps of deadlocked ranks
@@ -220,9 +221,8 @@ class _Call:
                 stacks[w.index], summaries[w.index] = format_frames(frames, call)
             else:
                 stacks[w.index] = ""
-                summaries[w.index] = f"blocked in {call} (its stack could not be read)" if call else (
-                    "(its stack could not be read)"
-                )
+                summaries[w.index] = _("blocked in {call} (its stack could not be read)").format(call=call) if call \
+                    else _("(its stack could not be read)")
         # the output that arrived meanwhile still belongs in the cell
         for w in workers:
             self._drain(w)

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from ._board import Board as _Board
+from .i18n import _
 
 try:
     from torch._C._distributed_c10d import Work as _Work
@@ -72,7 +73,7 @@ def _tensor_text(obj) -> str:
             dtype = _DTYPES[obj.dtype] = str(obj.dtype).replace("torch.", "")
         return f"{obj.numel()} {dtype}"
     if isinstance(obj, (list, tuple)):
-        return f"{len(obj)} x {_tensor_text(obj[0])}" if obj else "0 tensors"
+        return f"{len(obj)} x {_tensor_text(obj[0])}" if obj else _("0 tensors")
     return ""
 
 
@@ -80,7 +81,7 @@ def _describe_batch(ops) -> str:
     shown = []
     for op in list(ops)[:4]:
         name = getattr(op.op, "__name__", "?")
-        shown.append(f"{name} {'to' if 'send' in name else 'from'} {op.peer}")
+        shown.append((_("{op} to {peer}") if "send" in name else _("{op} from {peer}")).format(op=name, peer=op.peer))
     return f"batch_isend_irecv({', '.join(shown)}{', ...' if len(ops) > 4 else ''})"
 
 
@@ -105,7 +106,7 @@ def _describe(name: str, args, kwargs) -> str:
     if tensor_name:
         what = _tensor_text(_arg(args, kwargs, tensor_pos, tensor_name))
         if what:
-            text += f" of {what}"
+            text = _("{call} of {data}").format(call=text, data=what)
     return text
 
 
@@ -129,8 +130,10 @@ def _comm_text(call) -> str:
     data = call.args[0] if call.level == "functional" or kind in ("send", "recv") else None
     what = _tensor_text(data) if data is not None else ""
     if what:
-        text += f" of {what}"
-    return text + {"functional": " (functional)", "pg": " (process group)", "backend": " (backend)"}[call.level]
+        text = _("{call} of {data}").format(call=text, data=what)
+    level = {"functional": _("{call} (functional)"), "pg": _("{call} (process group)"),
+             "backend": _("{call} (backend)")}[call.level]
+    return level.format(call=text)
 
 
 def describe(call) -> str:
@@ -140,7 +143,9 @@ def describe(call) -> str:
             return _describe(call.name, call.args, call.kwargs)
         if call.level == "wait":
             entry = _PENDING.get(id(call.target))
-            return f"wait() for {entry[1]}" if entry is not None and entry[0]() is call.target else "wait()"
+            if entry is not None and entry[0]() is call.target:
+                return _("wait() for {call}").format(call=entry[1])
+            return "wait()"
         return _comm_text(call)
     except Exception:  # describing must never break anything
         return call.name

@@ -11,6 +11,7 @@ import sys
 from datetime import timedelta
 
 from .errors import torchrun_failed_message
+from .i18n import _
 
 _GPU_PROBE_TIMEOUT = 60.0  # seconds for a separate Python process to count the GPUs
 
@@ -95,15 +96,15 @@ def _gpu_count_in_subprocess() -> int:
 
 def _resolve_backend(backend: str, world_size: int) -> str:
     if backend not in ("auto", "gloo", "nccl"):
-        raise ValueError(f"backend must be 'auto', 'gloo' or 'nccl', not {backend!r}")
+        raise ValueError(_("backend must be 'auto', 'gloo' or 'nccl', not {backend}").format(backend=repr(backend)))
     if backend == "gloo":
         return backend
     gpus = _gpu_count()
     if backend == "nccl" and gpus < world_size:
-        raise ValueError(
-            f"backend='nccl' needs one GPU per rank: world_size={world_size}, but this machine has {gpus} GPU(s). "
+        raise ValueError(_(
+            "backend='nccl' needs one GPU per rank: world_size={world_size}, but this machine has {gpus} GPU(s). "
             "Use backend='auto' (gloo on the CPU when there are not enough GPUs) or a smaller world_size."
-        )
+        ).format(world_size=world_size, gpus=gpus))
     return "nccl" if gpus >= world_size else "gloo"
 
 

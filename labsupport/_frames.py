@@ -10,6 +10,8 @@ import linecache
 import os
 import re
 
+from .i18n import _
+
 def display_name(filename: str) -> str:
     """'Cell In[5]' for a notebook cell, the path otherwise."""
     try:
@@ -58,7 +60,8 @@ def format_frames(frames, call: str = "") -> tuple[str, str]:
 
     def flush_torch():
         if torch_run:
-            lines.append(f"  ... inside torch: {' -> '.join(fr[2] for fr in torch_run[-2:])}")
+            inside = " -> ".join(fr[2] for fr in torch_run[-2:])
+            lines.append("  " + _("... inside torch: {functions}").format(functions=inside))
             torch_run.clear()
 
     for filename, lineno, name, line in frames:
@@ -75,11 +78,14 @@ def format_frames(frames, call: str = "") -> tuple[str, str]:
     flush_torch()
     blocked_in = call or innermost_torch
     if last_user is None:
-        summary = f"blocked in {blocked_in}" if blocked_in else "(no Python frame)"
+        summary = _("blocked in {call}").format(call=blocked_in) if blocked_in else _("(no Python frame)")
     else:
         filename, lineno, name, src = last_user
-        where = f"{display_name(filename)}, line {lineno}"
-        summary = (f"blocked in {blocked_in} at " if blocked_in else "at ") + f"{where}: {src}"
+        where = _("{file}, line {line}").format(file=display_name(filename), line=lineno)
+        if blocked_in:
+            summary = _("blocked in {call} at {place}: {source}").format(call=blocked_in, place=where, source=src)
+        else:
+            summary = _("at {place}: {source}").format(place=where, source=src)
     return "\n".join(lines), summary
 
 

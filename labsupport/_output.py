@@ -13,6 +13,8 @@ import os
 import sys
 from collections import deque
 
+from .i18n import _
+
 #: Lines of output shown per rank and call: the first half as they come, the last half when the call ends.
 MAX_LINES_PER_RANK = int(os.environ.get("LABSUPPORT_MAX_LINES", "1000"))
 #: A line without a newline is shown once it is this long, so that a rank printing without newlines cannot fill
@@ -57,12 +59,14 @@ class RankOutput:
                 continue
             tail = self.tails[rank]
             if not tail and not self.skipped[rank] and self.tail_size:
-                note = f"… more output: its last {self.tail_size} lines appear when the call ends …"
+                note = _("… more output: its last {count} lines appear when the call ends …").format(
+                    count=self.tail_size)
                 out.append(f"[rank {rank}] {note}\n")
             if len(tail) == tail.maxlen:
                 self.skipped[rank] += 1
             if len(line) > MAX_PARTIAL_LINE:
-                line = f"{line[:MAX_PARTIAL_LINE]} … ({len(line) - MAX_PARTIAL_LINE} more characters)"
+                more = _("… ({count} more characters)").format(count=len(line) - MAX_PARTIAL_LINE)
+                line = f"{line[:MAX_PARTIAL_LINE]} {more}"
             if tail.maxlen:
                 tail.append((stream, line))
         if out:
@@ -78,7 +82,8 @@ class RankOutput:
             self.emit(rank, stream, text + "\n")
         for rank, tail in enumerate(self.tails):
             if self.skipped[rank]:
-                sys.stdout.write(f"[rank {rank}] … {self.skipped[rank]} lines skipped …\n")
+                skipped = _("… {count} lines skipped …").format(count=self.skipped[rank])
+                sys.stdout.write(f"[rank {rank}] {skipped}\n")
             for stream, line in tail:
                 self._target(stream).write(f"[rank {rank}] {line}\n")
             tail.clear()

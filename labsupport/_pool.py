@@ -34,6 +34,7 @@ from ._forkserver import (
     _wants_early_start,
     start_quietly,
 )
+from .i18n import _
 
 _STARTUP_TIMEOUT = 180.0
 _TMP_PREFIX = "labsupport-"
@@ -215,11 +216,13 @@ class _Pool:
             while not w.ready:
                 left = deadline - time.monotonic()
                 if left <= 0 or not w.process.is_alive() and not w.conn.poll(0):
-                    raise RuntimeError(
-                        "labsupport could not start its worker processes "
-                        f"(worker {w.index} {'did not answer' if left <= 0 else 'exited at start-up'}). "
+                    raise RuntimeError((_(
+                        "labsupport could not start its worker processes (worker {index} did not answer). "
                         "Check that `python -c 'import torch'` works in this environment, then run the cell again."
-                    )
+                    ) if left <= 0 else _(
+                        "labsupport could not start its worker processes (worker {index} exited at start-up). "
+                        "Check that `python -c 'import torch'` works in this environment, then run the cell again."
+                    )).format(index=w.index))
                 if w.conn.poll(min(left, 0.5)):
                     msg = pickle.loads(w.conn.recv_bytes())
                     if msg[0] == "hello":

@@ -41,6 +41,7 @@ from . import tap as _tap
 from ._callboard import install as _install_call_board
 from ._callboard import post_current as _post_current_call
 from ._native import native_log
+from .i18n import N_
 
 # Set per task; read by labsupport.device() and labsupport.in_worker().
 CURRENT: dict = {}
@@ -247,13 +248,13 @@ def _task_checkpoint(point: str) -> None:
 
 
 def _run_task(conn, call_id: int, spec: dict, payload: bytes, streams) -> None:
-    where = "starting the worker"
+    where = N_("starting the worker")  # what it was doing: the notebook translates it
     try:
         _setup_task(spec)
         _ward()
-        where = "unpickling the function"
+        where = N_("unpickling the function")
         fn, args, kwargs = _pickling.loads(payload)
-        where = "initialising the process group"
+        where = N_("initialising the process group")
         store = dist.PrefixStore(f"labsupport/{call_id}", _store(spec["master_addr"], spec["master_port"], 30.0))
         dist.init_process_group(
             spec["backend"],
@@ -262,13 +263,13 @@ def _run_task(conn, call_id: int, spec: dict, payload: bytes, streams) -> None:
             world_size=spec["world_size"],
             timeout=timedelta(seconds=spec["pg_timeout"]),
         )
-        where = "running your function"
+        where = N_("running your function")
         _task_checkpoint("start")  # the warden takes what the grader's code calls, before the function runs
         result = fn(*args, **kwargs)
         _task_checkpoint("end")  # ... and refuses if the function replaced any of it
         for s in streams:
             s.flush()
-        where = "sending the result back"
+        where = N_("sending the result back")
         try:
             data = _dump_result(result)
         except Exception as exc:

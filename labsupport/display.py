@@ -4,6 +4,8 @@ the line a demo prints when an exercise it runs is not ready."""
 
 from __future__ import annotations
 
+from .i18n import _
+
 __all__ = ["show_table", "shorten", "skipped"]
 
 #: What ``shorten`` puts where it cut: after the beginning it keeps, or before the end it keeps.
@@ -80,13 +82,13 @@ def skipped(exc: BaseException, name: str | None = None) -> str:
     """
     from .visible import NOT_STARTED_LINE
 
-    what = name or "an exercise this demo runs"
+    what = name or _("an exercise this demo runs")
     if _not_started(exc):
-        return f"skipped: {what} is {NOT_STARTED_LINE}"
+        return _("skipped: {what} is {state}").format(what=what, state=_(NOT_STARTED_LINE))
     text = str(exc).strip()
     first = text.splitlines()[0] if text else ""
     if getattr(exc, "not_passed", False):   # require_visible: its message names the exercise and what to do
-        return shorten(f"skipped: {first}", 300)
+        return shorten(_("skipped: {reason}").format(reason=first), 300)
     if not hasattr(exc, "exc_type") and type(exc).__name__ not in ("WorkerTimeout",):
         first = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-    return shorten(f"skipped: {what} is not ready: {first}", 300)
+    return shorten(_("skipped: {what} is not ready: {reason}").format(what=what, reason=first), 300)

@@ -14,6 +14,7 @@ import signal
 from dataclasses import dataclass
 
 from ._frames import display_name, format_frames, is_internal
+from .i18n import _
 
 __all__ = ["WorkerError", "WorkerTimeout"]
 
@@ -41,7 +42,7 @@ class _Rendered:
         lines = f"{type(self).__name__}: {self}".splitlines()
         site = _call_site(self.__traceback__)
         if site:
-            lines += ["", f"(labsupport.run was called at {site})"]
+            lines += ["", _("(labsupport.run was called at {site})").format(site=site)]
         return lines
 
 
@@ -90,7 +91,8 @@ class Failure:
 
     @classmethod
     def unreadable_result(cls, rank: int, exc: Exception) -> "Failure":
-        return cls(rank, type(exc).__name__, f"the result could not be rebuilt in the notebook: {exc}")
+        return cls(rank, type(exc).__name__,
+                   _("the result could not be rebuilt in the notebook: {error}").format(error=exc))
 
     def __getitem__(self, key: str):
         return getattr(self, key)
@@ -148,20 +150,24 @@ class WorkerError(_Rendered, RuntimeError):
         heads = []
         for f in failures:
             if f.type is None:
-                heads.append(f"rank {f.rank} {f.message}")
+                heads.append(_("rank {rank} {what_happened}").format(rank=f.rank, what_happened=f.message))
             elif f.consequence and not first.consequence:
-                heads.append(f"rank {f.rank} then lost its connection to the failed rank")
+                heads.append(_("rank {rank} then lost its connection to the failed rank").format(rank=f.rank))
                 f.traceback = ""
+            elif f.where not in (None, "running your function"):   # what the worker was doing (_worker's N_())
+                heads.append(_("rank {rank} raised {type}: {message} while {doing}").format(
+                    rank=f.rank, type=f.type, message=f.message, doing=_(f.where)))
             else:
-                where = f" while {f.where}" if f.where not in (None, "running your function") else ""
-                heads.append(f"rank {f.rank} raised {f.type}: {f.message}{where}")
+                heads.append(_("rank {rank} raised {type}: {message}").format(rank=f.rank, type=f.type,
+                                                                              message=f.message))
         parts = ["; ".join(heads)]
         for f in failures:
             if f.traceback:
-                parts.append(f"\nTraceback on rank {f.rank} (most recent call last):\n{f.traceback}")
+                head = _("Traceback on rank {rank} (most recent call last):").format(rank=f.rank)
+                parts.append(f"\n{head}\n{f.traceback}")
                 parts.append(f"{f.type}: {f.message}")
         if others:
-            parts.append(f"\nRanks {others} were stopped.")
+            parts.append("\n" + _("Ranks {ranks} were stopped.").format(ranks=others))
         err = cls("\n".join(parts), failures)
         if first.exception:
             try:
@@ -232,36 +238,42 @@ def _empty_message(exc_type: str, frames) -> str:
     method whose body raised it, from the innermost frame of the student's (or a library's) code."""
     frames = [f for f in frames if not is_internal(f[0]) and f[0] != "<string>"]
     if not frames:
-        return "(raised with no message)"
+        return _("(raised with no message)")
     filename, lineno, name, line = frames[-1]
     where = _qualified_name(filename, lineno, name)
     if exc_type == "NotImplementedError":
-        return f"{where} is not implemented yet" if name != "<module>" else "not implemented yet"
+        return _("{function} is not implemented yet").format(function=where) if name != "<module>" else \
+            _("not implemented yet")
     src = (line or linecache.getline(filename, lineno)).strip()
-    return f"(no message) in {where}, {display_name(filename)}, line {lineno}" + (f": {src}" if src else "")
+    if src:
+        return _("(no message) in {function}, {file}, line {line}: {source}").format(
+            function=where, file=display_name(filename), line=lineno, source=src)
+    return _("(no message) in {function}, {file}, line {line}").format(function=where, file=display_name(filename),
+                                                                       line=lineno)
 
 
 def _signal_name(code: int) -> str:
     try:
         return signal.Signals(-code).name
     except ValueError:
-        return f"signal {-code}"
+        return _("signal {number}").format(number=-code)
 
 
 def _death_message(code, native: str | None = None) -> str:
     if code is None:
-        return "stopped without a result"
+        return _("stopped without a result")
     said = f": {native}" if native else ""
     if code < 0:
         name = _signal_name(code)
         hint = {
-            "SIGKILL": "killed from outside, often by the out-of-memory killer",
-            "SIGSEGV": "a segmentation fault in native code",
-            "SIGABRT": "aborted by native code (a failed C++ check)",
-            "SIGBUS": "a bus error in native code",
-        }.get(name, "killed by a signal")
-        return f"died from {name} ({hint}){said}"
-    return f"exited with code {code} without raising an exception (os._exit or a C extension calling exit){said}"
+            "SIGKILL": _("killed from outside, often by the out-of-memory killer"),
+            "SIGSEGV": _("a segmentation fault in native code"),
+            "SIGABRT": _("aborted by native code (a failed C++ check)"),
+            "SIGBUS": _("a bus error in native code"),
+        }.get(name) or _("killed by a signal")
+        return _("died from {signal} ({hint})").format(signal=name, hint=hint) + said
+    return _("exited with code {code} without raising an exception (os._exit or a C extension calling exit)").format(
+        code=code) + said
 
 
 _CONNECTION_ERRORS = ("Connection closed by peer", "Read error", "Connection reset", "Broken pipe", "Socket closed")
@@ -276,45 +288,48 @@ def _is_consequence(failure) -> bool:
 def deadlock_report(world_size: int, timeout: float, ranks: list, summaries: dict, stacks: dict, done: list) -> str:
     """The message of a ``WorkerTimeout``: where each rank still running was blocked, then its stack."""
     lines = [
-        f"{len(ranks)} of {world_size} ranks were still running after {timeout:g} s: probably a deadlock "
-        "(a rank waiting for a message that never comes). Where each one was:"
+        _("{running} of {world_size} ranks were still running after {timeout} s: probably a deadlock "
+          "(a rank waiting for a message that never comes). Where each one was:").format(
+            running=len(ranks), world_size=world_size, timeout=f"{timeout:g}")
     ]
     for r in ranks:
         lines.append(f"  rank {r}: {summaries[r]}")
     if done:
-        lines.append(f"  ranks {done} had finished.")
+        lines.append("  " + _("ranks {ranks} had finished.").format(ranks=done))
     for r in ranks:
         if stacks[r]:
-            lines.append(f"\nStack of rank {r} (most recent call last):\n{stacks[r]}")
-    lines.append(
-        "\nEvery send needs a matching recv on the peer (same size, same order), and every rank must call the "
+            head = _("Stack of rank {rank} (most recent call last):").format(rank=r)
+            lines.append(f"\n{head}\n{stacks[r]}")
+    lines.append("\n" + _(
+        "Every send needs a matching recv on the peer (same size, same order), and every rank must call the "
         "same collectives in the same order. All ranks were stopped; the next call starts fresh workers."
-    )
+    ))
     return "\n".join(lines)
 
 
 def interrupted_message(world_size: int, stopped: bool) -> str:
     if stopped:
-        return f"interrupted: all {world_size} ranks stopped" if world_size > 1 else "interrupted: the rank was stopped"
-    return "interrupted after the ranks had finished"
+        return _("interrupted: all {world_size} ranks stopped").format(world_size=world_size) if world_size > 1 \
+            else _("interrupted: the rank was stopped")
+    return _("interrupted after the ranks had finished")
 
 
 def unpicklable_message(fn, exc: Exception) -> str:
-    return (
-        f"labsupport.run could not send {getattr(fn, '__name__', fn)!r} and its arguments to the workers: {exc}. "
+    return _(
+        "labsupport.run could not send {function} and its arguments to the workers: {error}. "
         "Arguments must be picklable (tensors, numbers, lists, modules, functions); open files, locks and "
         "generators are not."
-    )
+    ).format(function=repr(getattr(fn, "__name__", fn)), error=exc)
 
 
 def torchrun_failed_message(timeout: float, exc: Exception) -> str:
     env = os.environ
     found = ", ".join(f"{k}={env[k]}" for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k in env)
-    return (
-        f"labsupport.run found {found} in the environment, so it took this process for rank {env.get('RANK', '?')} "
-        f"of a job started by torchrun (or srun), but the other ranks did not join within {timeout:g} s "
-        f"({type(exc).__name__}: {exc}). If you did not start this script with torchrun, remove these variables "
+    return _(
+        "labsupport.run found {found} in the environment, so it took this process for rank {rank} "
+        "of a job started by torchrun (or srun), but the other ranks did not join within {timeout} s "
+        "({error}). If you did not start this script with torchrun, remove these variables "
         "from the environment (for example `del os.environ['RANK']`) and run it again: labsupport.run then starts "
         "its own workers."
-    )
+    ).format(found=found, rank=env.get("RANK", "?"), timeout=f"{timeout:g}", error=f"{type(exc).__name__}: {exc}")
 

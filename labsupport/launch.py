@@ -26,6 +26,7 @@ from ._output import MAX_LINES_PER_RANK, MAX_PARTIAL_LINE  # noqa: F401  (their 
 from ._pool import _POOL, shutdown
 from .errors import KeyboardInterrupt as Interrupted
 from .errors import WorkerError, WorkerTimeout, interrupted_message, unpicklable_message
+from .i18n import _
 
 __all__ = ["run", "shutdown", "device", "WorkerError", "WorkerTimeout", "in_worker"]
 
@@ -86,13 +87,15 @@ def device():
 
 def _check_args(fn, world_size, timeout):
     if not callable(fn):
-        raise TypeError(f"labsupport.run needs a function to run on every rank, got {type(fn).__name__}")
+        raise TypeError(_("labsupport.run needs a function to run on every rank, got {type}").format(
+            type=type(fn).__name__))
     if isinstance(world_size, bool) or not isinstance(world_size, int):
-        raise TypeError(f"world_size must be an int, got {world_size!r}")
+        raise TypeError(_("world_size must be an int, got {value}").format(value=repr(world_size)))
     if not 1 <= world_size <= MAX_WORLD_SIZE:
-        raise ValueError(f"world_size must be between 1 and {MAX_WORLD_SIZE}, got {world_size}")
+        raise ValueError(_("world_size must be between 1 and {most}, got {value}").format(most=MAX_WORLD_SIZE,
+                                                                                          value=world_size))
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        raise ValueError(_("timeout must be a positive number of seconds, got {value}").format(value=repr(timeout)))
 
 
 def run(fn, *args, world_size: int = 4, backend: str = "auto", timeout: float = 60.0, **kwargs):

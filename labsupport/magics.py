@@ -21,6 +21,7 @@ import sys
 import types
 
 from . import _pickling
+from .i18n import _
 
 _counter = [0]
 
@@ -31,7 +32,8 @@ class _ArgumentError(ValueError):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
-        raise _ArgumentError(f"%%distributed: {message}. Usage: %%distributed -n N [--backend B] [--timeout S]")
+        raise _ArgumentError(_("%%distributed: {message}. Usage: %%distributed -n N [--backend B] [--timeout S]")
+                             .format(message=message))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -80,9 +82,9 @@ def run_cell(source: str, filename: str, names: dict, skipped: dict):
     except NameError as exc:
         missing = getattr(exc, "name", None)
         if missing in skipped:
-            raise NameError(
-                f"{exc}: the notebook has {missing!r}, but it could not be sent to the workers ({skipped[missing]})"
-            ) from None
+            raise NameError(_(
+                "{error}: the notebook has {name}, but it could not be sent to the workers ({why})"
+            ).format(error=exc, name=repr(missing), why=skipped[missing])) from None
         raise
     return None
 

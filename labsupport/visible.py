@@ -32,12 +32,15 @@ import re
 import traceback
 from dataclasses import dataclass
 
+from .i18n import N_, _
+
 __all__ = ["require_passed", "require_visible", "register"]
 
 PASSES, NOT_STARTED, FAILS = "passes", "not started", "fails"
 #: The one wording of an exercise that still raises ``NotImplementedError``: Validate's checklist, the visible
-#: test's line, ``python -m autograder check`` and the demos' ``labsupport.skipped`` all say it.
-NOT_STARTED_LINE = "not started: it still raises NotImplementedError"
+#: test's line, ``python -m autograder check`` and the demos' ``labsupport.skipped`` all say it (in the language in
+#: use: ``_(NOT_STARTED_LINE)``).
+NOT_STARTED_LINE = N_("not started: it still raises NotImplementedError")
 
 
 @dataclass
@@ -87,13 +90,13 @@ def _outcome(name: str) -> _Outcome | None:
 def _line(name: str, width: int) -> str:
     o = _outcome(name)
     if o is None:
-        state = "not run: its visible test did not run in this kernel (was its cell removed or interrupted?)"
+        state = _("not run: its visible test did not run in this kernel (was its cell removed or interrupted?)")
     elif o.status == FAILS:
-        state = f"fails: {o.summary}"
+        state = _("fails: {summary}").format(summary=o.summary)
     elif o.status == NOT_STARTED:
-        state = NOT_STARTED_LINE
+        state = _(NOT_STARTED_LINE)
     else:
-        state = "passes"
+        state = _("passes")
     return f"  {name:<{width}}  {state}"
 
 
@@ -101,14 +104,14 @@ def _report(names: list[str]) -> list[str]:
     """The checklist of ``names``, then the details of the first failure (or what to do about the rest)."""
     passing = sum(_passed(n) for n in names)
     width = max(map(len, names))
-    lines = [f"{passing} of {len(names)} exercises pass their visible tests (Validate ran this notebook from the top "
-             "in a fresh kernel):"]
+    lines = [_("{passing} of {total} exercises pass their visible tests (Validate ran this notebook from the top "
+               "in a fresh kernel):").format(passing=passing, total=len(names))]
     lines += [_line(n, width) for n in names]
     first = next((n for n in names if (o := _outcome(n)) is not None and o.status == FAILS), None)
     if first is not None:
-        lines += ["", f"The first failure, {first}:", *_outcome(first).details.splitlines()]
+        lines += ["", _("The first failure, {name}:").format(name=first), *_outcome(first).details.splitlines()]
     else:
-        lines += ["", "Write the exercises not started yet and run their visible tests, then Validate again."]
+        lines += ["", _("Write the exercises not started yet and run their visible tests, then Validate again.")]
     return lines
 
 
@@ -123,7 +126,7 @@ class ValidationReport(AssertionError):
 CHECKLIST_ID = "validate_checklist"
 
 
-def checklist_first(cell=None, **_) -> None:
+def checklist_first(cell=None, **_kwargs) -> None:
     """Validate's dialog, made to open with the checklist.
 
     nbgrader's Validate lists every failed graded cell as "The following cell failed:", the cell's source, then its
@@ -151,7 +154,7 @@ def checklist_first(cell=None, **_) -> None:
             return
     lines = list(reports[0].get("traceback") or str(reports[0].get("evalue", "")).splitlines())
     blank = lines.index("") if "" in lines else len(lines)
-    checklist, details = lines[:blank], lines[blank + 1:] or ["Validate again once every exercise passes."]
+    checklist, details = lines[:blank], lines[blank + 1:] or [_("Validate again once every exercise passes.")]
     from nbformat import from_dict
 
     cell["source"] = "\n".join(checklist)
@@ -215,11 +218,12 @@ def require_visible(name: str) -> None:
         return
     o = _outcome(name)
     if o is not None and o.status == NOT_STARTED:
-        raise NotPassed(f"{name} is {NOT_STARTED_LINE}")
+        raise NotPassed(_("{name} is {state}").format(name=name, state=_(NOT_STARTED_LINE)))
     if o is not None and o.status == FAILS and o.summary:
-        raise NotPassed(f"{name} fails its visible test ({o.summary}); this demo uses it")
-    raise NotPassed(f"{name} has not passed its visible test in this kernel yet (run that cell after changing it); "
-                    "this demo uses it")
+        raise NotPassed(_("{name} fails its visible test ({summary}); this demo uses it").format(name=name,
+                                                                                                summary=o.summary))
+    raise NotPassed(_("{name} has not passed its visible test in this kernel yet (run that cell after changing it); "
+                      "this demo uses it").format(name=name))
 
 
 def _where(exc: BaseException, name: str) -> list[str]:
@@ -232,13 +236,15 @@ def _where(exc: BaseException, name: str) -> list[str]:
     for frame in traceback.extract_tb(exc.__traceback__):
         filename = frame.filename
         if filename.startswith("<visible test "):
-            place = f"its visible test, line {frame.lineno}"
+            place = _("its visible test, line {line}").format(line=frame.lineno)
         elif display_name(filename) != filename:
-            place = f"{display_name(filename)}, line {frame.lineno}, in {frame.name}"
+            place = _("{file}, line {line}, in {function}").format(file=display_name(filename), line=frame.lineno,
+                                                                  function=frame.name)
         else:
             continue
         src = (frame.line or linecache.getline(filename, frame.lineno)).strip()
-        lines.append(f"  at {place}: {src}" if src else f"  at {place}")
+        at = _("at {place}: {source}").format(place=place, source=src) if src else _("at {place}").format(place=place)
+        lines.append("  " + at)
     return lines
 
 
@@ -252,7 +258,7 @@ def _failure(exc: BaseException, name: str) -> _Outcome:
     where = _where(exc, name)
     summary = body.splitlines()[0] if body else type(exc).__name__
     if not text and where:
-        summary += where[0].replace("  at ", " at ", 1)
+        summary += " " + where[0].lstrip()
     return _Outcome(FAILS, summary, "\n".join([body, *where]))
 
 
@@ -262,14 +268,15 @@ def _visible_test(line: str, cell: str) -> None:
 
     name = line.strip()
     if not name.isidentifier():
-        raise ValueError(f"%%visible_test takes the exercise's name, e.g. %%visible_test broadcast (got {line!r})")
+        raise ValueError(_("%%visible_test takes the exercise's name, e.g. %%visible_test broadcast (got {line})")
+                         .format(line=repr(line)))
     shell = get_ipython()
     key = hashlib.sha1(cell.encode()).hexdigest()
     _counter[0] += 1
     filename = f"<visible test {name} #{_counter[0]}>"
     linecache.cache[filename] = (len(cell), None, cell.splitlines(keepends=True), filename)
-    _RESULTS.setdefault(name, {})[key] = _Outcome(FAILS, "its visible test did not finish (interrupted?)",
-                                                  "its visible test did not finish (interrupted?)")
+    unfinished = _("its visible test did not finish (interrupted?)")
+    _RESULTS.setdefault(name, {})[key] = _Outcome(FAILS, unfinished, unfinished)
     try:
         exec(compile(cell, filename, "exec"), shell.user_ns)
     except BaseException as exc:
@@ -279,8 +286,8 @@ def _visible_test(line: str, cell: str) -> None:
             _RESULTS[name][key] = _failure(exc, name)
         if _strict() or not _not_implemented(exc):
             raise
-        print(f"{name} is {NOT_STARTED_LINE}. Its visible test is skipped and the notebook goes on; Validate and "
-              "the grader count it as not done.")
+        print(_("{name} is {state}. Its visible test is skipped and the notebook goes on; Validate and "
+                "the grader count it as not done.").format(name=name, state=_(NOT_STARTED_LINE)))
         return
     _RESULTS[name][key] = _Outcome(PASSES)
 

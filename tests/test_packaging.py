@@ -153,6 +153,11 @@ def test_a_built_wheel_has_every_package(tmp_path):
     missing = [m for m in modules if m not in names]
     assert not missing, f"modules missing from the wheel: {missing}"
     assert "autograder/nbgrader_config.py" in names
+    # the messages' catalogs: labsupport.i18n reads the compiled .mo with Python's gettext
+    catalogs = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "labsupport" / "locale").rglob("*.[mp]o"))
+    assert "labsupport/locale/zh_CN/LC_MESSAGES/labsupport.mo" in catalogs
+    missing = [c for c in catalogs if c not in names]
+    assert not missing, f"catalogs missing from the wheel: {missing}"
     tops = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
     assert tops == {"labsupport", "autograder"}, f"the wheel holds more than the two packages: {tops}"
 

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from ...i18n import _
 from ...timeline import Timeline
 
 __all__ = ["gil_comparison", "make_mlp", "record_steps", "summarise_steps", "time_per_step", "record_ready",
@@ -49,10 +50,11 @@ def launched_late(ready: list, buckets: list) -> str | None:
         before = {n for n, _ in ready[:k]}
         due = [b for b in buckets if all(n in before for n in b)]
         if issued < len(due):
-            return (f"when the gradient of '{name}' was ready, {issued} all-reduce(s) had been issued, but "
-                    f"{len(due)} bucket(s) were complete before it (e.g. {due[-1]}): launch each all-reduce from a "
-                    "hook as soon as its last gradient is ready, not later in backward or in "
-                    "finish_gradient_synchronization.")
+            return _("when the gradient of '{name}' was ready, {issued} all-reduce(s) had been issued, but "
+                     "{due} bucket(s) were complete before it (e.g. {example}): launch each all-reduce from a "
+                     "hook as soon as its last gradient is ready, not later in backward or in "
+                     "finish_gradient_synchronization.").format(name=name, issued=issued, due=len(due),
+                                                                example=due[-1])
     return None
 
 

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 
+from ...i18n import _
 from ...timeline import Timeline
 
 __all__ = ["OverlapTimeline", "matmul_overlap", "allgather_then_matmul", "matmul_then_reduce_scatter",
@@ -149,30 +150,34 @@ def ring_overlap_problem(events, steps: int, first: int = 0, rank: int | None = 
     next partial product runs while the accumulator travels). With ``any_product`` (zig-zag attention, several
     block products per step) it is enough that some product runs while each transfer is in flight. Only the order
     of the spans counts, never how long they took."""
-    who = "this rank" if rank is None else f"rank {rank}"
+    who = _("this rank") if rank is None else f"rank {rank}"
     spans = sorted(events, key=lambda e: e.start)
     products = [e for e in spans if e.kind == "compute"]
     for kind in ("send", "recv"):
         transfers = [e for e in spans if e.kind == "comm" and _direction(e.name) == kind]
         for k, t in enumerate(transfers[:steps], start=1):
             if t.name in ("send", "recv"):
-                return (f"{who} used the blocking dist.{kind} for ring step {k}: it returns only when the transfer is "
-                        f"over, so no product can run during it. Post it with dist.i{kind}, multiply, then wait() on "
-                        "the request.")
+                return _("{who} used the blocking dist.{kind} for ring step {step}: it returns only when the transfer "
+                         "is over, so no product can run during it. Post it with dist.i{kind}, multiply, then wait() "
+                         "on the request.").format(who=who, kind=kind, step=k)
             if any_product:
                 if not any(t.start <= p.start and p.end <= t.end for p in products):
-                    return (f"{who}'s {kind} of ring step {k} had no block product running while it was in flight: "
-                            "post the next step's isend/irecv, compute with the k/v already here, then wait.")
+                    return _("{who}'s {kind} of ring step {step} had no block product running while it was in "
+                             "flight: post the next step's isend/irecv, compute with the k/v already here, then "
+                             "wait.").format(who=who, kind=kind, step=k)
                 continue
             if k + first > len(products):
-                return (f"{who} ran {len(products)} matrix product(s), so no product could run during the {kind} of "
-                        f"ring step {k}: compute one product per chunk, each while the next transfer travels.")
+                return _("{who} ran {count} matrix product(s), so no product could run during the {kind} of "
+                         "ring step {step}: compute one product per chunk, each while the next transfer travels."
+                         ).format(who=who, count=len(products), kind=kind, step=k)
             p = products[k + first - 1]
             n = k + first
             if p.start < t.start:
-                return (f"{who} ran matrix product {n} before posting the {kind} of ring step {k}: post the next "
-                        "isend/irecv first, then multiply, so that the transfer travels during the product.")
+                return _("{who} ran matrix product {product} before posting the {kind} of ring step {step}: post the "
+                         "next isend/irecv first, then multiply, so that the transfer travels during the product."
+                         ).format(who=who, product=n, kind=kind, step=k)
             if t.end < p.end:
-                return (f"{who} waited for the {kind} of ring step {k} before matrix product {n}: post the next "
-                        "isend/irecv before the product and wait after it.")
+                return _("{who} waited for the {kind} of ring step {step} before matrix product {product}: post the "
+                         "next isend/irecv before the product and wait after it.").format(who=who, kind=kind, step=k,
+                                                                                          product=n)
     return None

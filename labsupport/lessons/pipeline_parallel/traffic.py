@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import math
 
+from ...i18n import _
+
 __all__ = [
     "activation_numel",
     "pp_boundary_bytes",
@@ -149,10 +151,11 @@ def traffic_report(summaries, m: int, shape, element_size: int = 4, boundary_for
     for rank, summary in enumerate(summaries):
         for call in summary.calls:
             if call.kind not in ("send", "recv"):
-                mismatches.append(f"stage {rank} called {call.kind}: a pipeline only sends to and receives from its "
-                                  "neighbours")
+                mismatches.append(_("stage {stage} called {call}: a pipeline only sends to and receives from its "
+                                    "neighbours").format(stage=rank, call=call.kind))
             elif call.peer not in (rank - 1, rank + 1):
-                mismatches.append(f"stage {rank} made a {call.kind} with rank {call.peer}, not a neighbouring stage")
+                mismatches.append(_("stage {stage} made a {call} with rank {peer}, not a neighbouring stage").format(
+                    stage=rank, call=call.kind, peer=call.peer))
             elif call.kind == "send":
                 sent_to[rank][call.peer] = sent_to[rank].get(call.peer, 0) + call.nbytes
     boundaries = []
@@ -162,15 +165,17 @@ def traffic_report(summaries, m: int, shape, element_size: int = 4, boundary_for
         boundaries.append({"boundary": (s, s + 1), "forward": forward, "backward": backward,
                            "measured": forward + backward, "formula": formula})
         if forward + backward != formula:
-            mismatches.append(f"boundary {s}|{s + 1} carried {forward} B forward + {backward} B back = "
-                              f"{forward + backward} B; the formula says {formula} B")
+            mismatches.append(_("boundary {boundary} carried {forward} B forward + {backward} B back = "
+                                "{total} B; the formula says {formula} B").format(
+                boundary=f"{s}|{s + 1}", forward=forward, backward=backward, total=forward + backward, formula=formula))
     stages = []
     for rank, summary in enumerate(summaries):
         want_sent, want_received = pp_stage_bytes(rank, p, m, shape, element_size)
         stages.append({"stage": rank, "sent": summary.bytes_sent, "received": summary.bytes_received,
                        "formula_sent": want_sent, "formula_received": want_received})
-        for what, got, want in (("sent", summary.bytes_sent, want_sent),
-                                ("received", summary.bytes_received, want_received)):
+        for said, got, want in ((_("stage {stage} sent {got} B, expected {want} B"), summary.bytes_sent, want_sent),
+                                (_("stage {stage} received {got} B, expected {want} B"), summary.bytes_received,
+                                 want_received)):
             if got != want:
-                mismatches.append(f"stage {rank} {what} {got} B, expected {want} B")
+                mismatches.append(said.format(stage=rank, got=got, want=want))
     return {"boundaries": boundaries, "stages": stages, "mismatches": mismatches}
