@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from labsupport.i18n import LANGUAGES
+
 from . import nbgrader_config
 
 MAX_OUTPUT_LINES = nbgrader_config.MAX_OUTPUT_LINES
@@ -171,15 +173,17 @@ _LAUNCHER_VARIABLES = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "
 
 #: What ``labsupport.use_language`` sets: the language of the course's messages in a process and those it starts.
 LANGUAGE_ENV = "LABSUPPORT_LANG"
-_USE_LANGUAGE = re.compile(r"""^labsupport\.use_language\(["'](\w+)["']\)""", re.M)
+_USE_LANGUAGE = re.compile(r"""^[ \t]*(?:labsupport\.(?:i18n\.)?)?use_language\(\s*["'](\w+)["']\s*\)""", re.M)
 
 
 def notebook_language(nb) -> str:
-    """The language a notebook's set-up cell (``grade_id`` setup) switches the course's messages to, else ``"en"``."""
+    """The language a notebook switches the course's messages to (a Chinese notebook's set-up cell calls
+    ``labsupport.use_language("zh")``): the first such call of its code cells, else ``"en"``."""
     for cell in nb.cells:
-        if nbgrader_meta(cell).get("grade_id") == "setup":
+        if cell.get("cell_type") == "code":
             found = _USE_LANGUAGE.search(cell.get("source", ""))
-            return found.group(1) if found else "en"
+            if found and found.group(1) in LANGUAGES:
+                return found.group(1)
     return "en"
 
 
