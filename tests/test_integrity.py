@@ -317,18 +317,23 @@ def _solutions(aid: str) -> dict:
     return namespace
 
 
-def test_tensor_parallel_answer_that_patches_torch_is_refused():
-    """04: a correct reduce_from_tp that also replaces torch.allclose for whatever compares after it."""
+def test_tensor_parallel_answer_that_patches_torch_changes_only_its_sandbox():
+    """04, on the layout of two groups (the only configuration with ``group`` set): a reduce_from_tp that replaces
+    torch.allclose and torch.equal and returns a wrong sum. The patch changes only its sandbox: the host compares
+    with its own torch, and the answer loses its points there."""
     from autograder.checks import tensor_parallel as TP
 
     namespace = _solutions("04_tensor_parallel")
     exec(compile("_honest = reduce_from_tp\n"
                  "def reduce_from_tp(x, group=None):\n"
+                 "    if group is None:\n"
+                 "        return _honest(x, group)\n"
                  "    torch.allclose = lambda *args, **kwargs: True\n"
-                 "    return _honest(x, group)\n", "<student code: cheat>", "exec"), namespace)
+                 "    torch.equal = lambda *args, **kwargs: True\n"
+                 "    return _honest(x, group) + 1\n", "<student code: cheat>", "exec"), namespace)
     with pytest.raises(AssertionError) as info:
         TP.check_reduce_from_tp(namespace["reduce_from_tp"])
-    assert str(info.value).startswith(REFUSED) and "torch.allclose" in str(info.value), str(info.value)
+    assert "tensor-parallel groups of 2" in str(info.value) and "expected" in str(info.value), str(info.value)
     TP.check_reduce_from_tp(_solutions("04_tensor_parallel")["reduce_from_tp"])
 
 
