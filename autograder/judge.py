@@ -51,7 +51,6 @@ def judge_env(course_root: str | os.PathLike) -> dict:
     env["LABSUPPORT_EARLY_START"] = "1"   # its fork server imports torch while the kernel runs
     env["LABSUPPORT_PRELOAD_DYNAMO"] = "1"  # and torch._dynamo, which every worker building an optimizer needs
     env["MPLBACKEND"] = "Agg"
-    env["LABSUPPORT_WARDEN"] = "1"  # every worker of the judge installs the warden (labsupport/_warden.py)
     env.pop("JPY_PARENT_PID", None)
     return env
 

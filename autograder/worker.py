@@ -274,7 +274,7 @@ def _judged(outcomes: list, judge, result: Result, secret) -> list:
         judged.append(o)
     refused = [f"{gid}: {_one_line(fb.clean_value(m, secret), 200)}" for gid, (_, m) in verdicts.items()
                if m and REFUSED in m]
-    if refused:  # the warden refused something inside the student's own function (labsupport/_warden.py)
+    if refused:  # a sandbox refused a request after the student's function returned (labsupport/_sandbox_host.py)
         result.flags.append("refused on the workers: " + "; ".join(refused)[:600])
     if report.get("error"):
         result.flags.append(f"judge: {report['error']}")

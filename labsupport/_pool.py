@@ -258,29 +258,6 @@ class _Pool:
 _POOL = _Pool()
 
 
-def take_refusals() -> list[tuple[int, str]]:
-    """What the wardens of this pool's workers refused since the last look, as (worker index, text), read from the
-    refusal files outside the workers (see ``_warden``); the files are emptied."""
-    import glob
-
-    found = []
-    if not _POOL.tmpdir:
-        return found
-    for path in sorted(glob.glob(os.path.join(_POOL.tmpdir, "refusals-*.txt"))):  # dead workers' too
-        index = int(os.path.basename(path)[len("refusals-"):-len(".txt")])
-        try:
-            with open(path, "r+b") as fh:
-                text = fh.read().decode("utf-8", "replace")
-                fh.truncate(0)
-        except OSError:
-            continue
-        for line in text.splitlines():
-            _pid, _, what = line.partition("\t")
-            if what:
-                found.append((index, what))
-    return found
-
-
 def shutdown() -> None:
     """Stop the idle worker processes that ``labsupport.run`` keeps between calls.
 

@@ -55,7 +55,7 @@ class Sandboxed:
         if (not CURRENT or not hasattr(os, "fork") or os.environ.get("LABSUPPORT_SANDBOX") == "0"
                 or CURRENT.get("backend") == "nccl"):
             # not on a worker, no fork (Windows), CUDA in the worker (a forked child cannot use it), or turned off
-            # (benchmarks/warden.py --boundary sandbox): run it here
+            # (benchmarks/sandbox.py): run it here
             from . import _pickling
 
             return _pickling.loads(self.blob)(*args, **kwargs)

@@ -352,7 +352,14 @@ def _rebuilt(value, text: str, what: str) -> BaseException:
     if name == "NotImplementedError" and not message.strip():
         message = f"{what} is not started: it still raises NotImplementedError"
     kind = getattr(builtins, name, None) if module == "builtins" else None
-    if isinstance(kind, type) and issubclass(kind, Exception):
+    if kind is KeyError:  # its message is the key's repr: rebuilt from the key, or it would be quoted twice
+        import ast
+
+        try:
+            exc = KeyError(ast.literal_eval(message))
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            exc = KeyError(message)
+    elif isinstance(kind, type) and issubclass(kind, Exception):
         exc = kind(message)
     else:
         exc = RuntimeError(f"{name}: {message}")

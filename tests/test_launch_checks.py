@@ -1,5 +1,6 @@
 """Mutation tests for autograder.checks.launch (notebook 00_launch): ``check_rank_table``."""
 
+import functools
 import itertools
 import os
 
@@ -173,12 +174,13 @@ def test_endless_loop_times_out():
 
 
 def test_other_worker_failures_are_reported():
-    """A crash of the worker itself (not an exception in rank_table) still becomes an AssertionError."""
+    """A crash of the process rank_table runs in (its sandbox) still becomes an AssertionError."""
 
     def exits(nnodes, nproc_per_node):
         os._exit(3)
 
-    with pytest.raises(AssertionError, match=r"rank_table stopped its worker process: it exited with code 3"):
+    with pytest.raises(AssertionError, match=r"rank_table\(2, 4\) raised RuntimeError: the function's process exited "
+                                             r"with code 3 while running rank_table"):
         L.check_rank_table(exits)
 
 
@@ -197,5 +199,46 @@ def _explode():
 
 
 def test_failures_outside_rank_table_are_reported():
-    with pytest.raises(AssertionError, match=r"rank_table failed: ValueError: cannot rebuild this object"):
+    with pytest.raises(AssertionError, match=r"rank_table\(2, 4\) raised ValueError: cannot rebuild this object"):
         L.check_rank_table(_BreaksOnArrival())
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# What decides points is out of the answer's reach: it runs in the sandbox, the check in its host
+
+
+def patches_the_check(nnodes, nproc_per_node):
+    """A wrong table that replaces the check's oracle and comparison where it runs: only its sandbox changes."""
+    import autograder.checks.launch as checks
+
+    checks.expected_rank_table = lambda nnodes, nproc_per_node: []
+    checks._check_table = lambda *args, **kwargs: None
+    return []
+
+
+def honest_habits(nnodes, nproc_per_node):
+    """Correct, with habits honest code has: a cached helper, a note on stderr, a traceback printed and re-raised."""
+    import sys
+    import traceback
+
+    try:
+        _valid(nnodes, nproc_per_node)
+    except ValueError:
+        traceback.print_exc()
+        raise
+    print(f"{nnodes} x {nproc_per_node}", file=sys.stderr)
+    return [dict(_row(r, nproc_per_node), WORLD_SIZE=nnodes * nproc_per_node) for r in range(nnodes * nproc_per_node)]
+
+
+@functools.lru_cache(maxsize=None)
+def _row(rank, nproc_per_node):
+    return {"RANK": rank, "LOCAL_RANK": rank % nproc_per_node, "NODE_RANK": rank // nproc_per_node}
+
+
+def test_an_answer_that_patches_the_check_loses_its_points():
+    with pytest.raises(AssertionError, match=r"rank_table\(2, 4\) returned 0 rows, expected 8"):
+        L.check_rank_table(patches_the_check)
+
+
+def test_honest_habits_pass():
+    L.check_rank_table(honest_habits)

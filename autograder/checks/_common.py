@@ -33,14 +33,10 @@ def run_on_workers(probe, *args, world_size: int, what: str, timeout: float | No
     gloo on the CPU by default, whatever the machine: the checks' tensors are CPU tensors, and ``"auto"`` would give a
     rank of its own GPU to as many ranks as there are GPUs (a one-rank check on a machine with one GPU)."""
     timeout = PROBE_TIMEOUT if timeout is None else timeout
-    refused_before(what)
     try:
-        result = labsupport.run(probe, *args, world_size=world_size, timeout=timeout, backend=backend, **kwargs)
+        return labsupport.run(probe, *args, world_size=world_size, timeout=timeout, backend=backend, **kwargs)
     except (labsupport.WorkerTimeout, labsupport.WorkerError) as exc:
-        refused_before(what)
         return _failed(exc, world_size, what, timeout)
-    refused_before(what)
-    return result
 
 
 def _rules(exercise: str, names, doing: str, verb: str = "call", short: bool = False) -> dict:
@@ -83,21 +79,9 @@ def in_sandbox(fn, what: str, allow=None, driver=None, forbid=None, shared=()):
     return sandboxed(fn, what, allow, forbid=forbid, driver=driver, shared=shared)
 
 
-#: What a check's message starts with when a warden refused something: the grader flags such a submission.
+#: What a check's message starts with when the sandbox refused a request after the student's function returned (a
+#: result that communicates when it is read): the grader flags such a submission.
 REFUSED = "grading refused"
-
-
-def refused_before(what: str) -> None:
-    """Raise ``AssertionError`` if a worker's warden (``labsupport._warden``) refused something since the last look:
-    read here, in the grader's process, from the files the wardens write, never from a worker's Python."""
-    from labsupport._pool import take_refusals
-
-    found = take_refusals()
-    if found:
-        rank, text = found[0]
-        more = f" ({len(found) - 1} more refusal(s))" if len(found) > 1 else ""
-        text = text[len(REFUSED):] if text.startswith(REFUSED) else f": {text}"
-        raise AssertionError(f"{REFUSED} in {what} on rank {rank}{text}{more}") from None
 
 
 def _failed(exc, world_size: int, what: str, timeout: float):

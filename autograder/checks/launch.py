@@ -11,7 +11,9 @@ The check, in order (it stops at the first problem):
 4. the real thing: workers started by ``labsupport.run`` compare ``rank_table(1, world_size)[rank]`` with the
    environment variables they actually see.
 
-Each part runs on a worker process, so an answer that never returns costs a time-out, not a hung grader.
+Each part runs on a worker process, so an answer that never returns costs a time-out, not a hung grader; the
+student's function runs in the grading sandbox of each worker (``in_sandbox``), with the task's environment, and
+the worker (the host) compares what it returns with the oracle and with the environment it sees itself.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import random
 
 import labsupport
 
-from ._common import PROBE_TIMEOUT, draw_seed, run_on_workers, short
+from ._common import PROBE_TIMEOUT, draw_seed, in_sandbox, run_on_workers, short
 
 __all__ = ["check_rank_table", "expected_rank_table"]
 
@@ -173,6 +175,7 @@ def check_rank_table(rank_table, timeout: float | None = None) -> None:
     """Hidden test of ``rank_table``: oracle over random sizes, ValueError on bad input, the real environment."""
     timeout = PROBE_TIMEOUT if timeout is None else timeout
     seed = draw_seed()
-    _run_one(_probe_oracle, rank_table, seed, what="rank_table", timeout=timeout)
+    fn = in_sandbox(rank_table, "rank_table")
+    _run_one(_probe_oracle, fn, seed, what="rank_table", timeout=timeout)
     for world in (1, 2, 3, 4):
-        run_on_workers(_probe_environment, rank_table, world_size=world, what="rank_table", timeout=timeout)
+        run_on_workers(_probe_environment, fn, world_size=world, what="rank_table", timeout=timeout)

@@ -33,7 +33,6 @@ known for), ``drivers`` (what runs in the sandbox).
 
 from __future__ import annotations
 
-import functools
 import random
 
 from .._common import draw_seed, in_sandbox
@@ -80,18 +79,18 @@ __all__ = [
 
 def _sandboxed(obj, what):
     """The student's function or class as the probes call it: ``fn(mode, tp, ...)`` runs ``drivers.drive`` on it in
-    the sandbox of each rank; and the same in the worker, for the configuration the sandbox cannot run yet."""
-    fn = in_sandbox(obj, what, driver=drivers.drive)
-    return fn, (fn, functools.partial(drivers.drive, obj))
+    the sandbox of each rank, on every configuration (the sandbox of a rank outside a tensor-parallel group makes
+    that group as torch does, without telling its host)."""
+    return in_sandbox(obj, what, driver=drivers.drive)
 
 
 def _module_check(name, cls, probe, **kwargs):
     """The exercise's probe on every configuration, then its memory scenario (on 2 ranks)."""
     seed = draw_seed()
-    fn, in_worker = _sandboxed(cls, name)
+    fn = _sandboxed(cls, name)
 
     def run():
-        _run(probe, fn, seed, what=name, seed=seed, in_worker=in_worker, **kwargs)
+        _run(probe, fn, seed, what=name, seed=seed, **kwargs)
         _run(_probe_memory, name, fn, seed, what=name, seed=seed, configs=((2, 2),))
 
     _checked(name, run)
@@ -102,18 +101,17 @@ def check_copy_to_tp(copy_to_tp) -> None:
     ``group``; input untouched."""
     seed = draw_seed()
     shape = _fg_shape(random.Random(seed))
-    fn, in_worker = _sandboxed(copy_to_tp, "copy_to_tp")
-    _checked("copy_to_tp", lambda: _run(_probe_fg, "copy_to_tp", fn, seed, shape, what="copy_to_tp", seed=seed,
-                                        in_worker=in_worker))
+    fn = _sandboxed(copy_to_tp, "copy_to_tp")
+    _checked("copy_to_tp", lambda: _run(_probe_fg, "copy_to_tp", fn, seed, shape, what="copy_to_tp", seed=seed))
 
 
 def check_reduce_from_tp(reduce_from_tp) -> None:
     """g: one all-reduce (sum) over ``group`` in forward, input untouched; identity in backward, no communication."""
     seed = draw_seed()
     shape = _fg_shape(random.Random(seed))
-    fn, in_worker = _sandboxed(reduce_from_tp, "reduce_from_tp")
+    fn = _sandboxed(reduce_from_tp, "reduce_from_tp")
     _checked("reduce_from_tp", lambda: _run(_probe_fg, "reduce_from_tp", fn, seed, shape, what="reduce_from_tp",
-                                            seed=seed, in_worker=in_worker))
+                                            seed=seed))
 
 
 def check_ColumnParallelLinear(ColumnParallelLinear) -> None:

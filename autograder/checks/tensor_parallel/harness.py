@@ -46,15 +46,10 @@ def _guarded(body, *args):
     return failure
 
 
-def _run(probe, *args, what: str, seed: int, configs=CONFIGS, in_worker=None):
-    """``probe`` on every configuration. ``in_worker``: (the sandboxed student object, the same scenarios run in the
-    worker): a configuration of several tensor-parallel groups runs the latter, since a sandbox cannot yet make a
-    group it is not in (its host's ``new_group`` wants every rank)."""
+def _run(probe, *args, what: str, seed: int, configs=CONFIGS):
+    """``probe`` on every configuration."""
     for world_size, tp in configs:
-        given = args
-        if in_worker is not None and tp < world_size:
-            given = tuple(in_worker[1] if a is in_worker[0] else a for a in args)
-        results = run_on_workers(_guarded, probe, tp, *given, world_size=world_size, what=what)
+        results = run_on_workers(_guarded, probe, tp, *args, world_size=world_size, what=what)
         for failure in results:
             if failure and failure != ELSEWHERE:
                 layout = "" if tp == world_size else f", tensor-parallel groups of {tp}"

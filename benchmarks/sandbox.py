@@ -1,15 +1,13 @@
-"""What grading's boundary costs: the hidden checks of a notebook's solutions with and without the warden, or with
-and without the sandbox of each rank.
+"""What grading's boundary costs: the hidden checks of a notebook's solutions with and without the sandbox of each rank.
 
-    python benchmarks/warden.py [--assignment 01_collectives] [--rounds 3] [--boundary warden|sandbox]
+    python benchmarks/sandbox.py [--assignment 01_collectives] [--rounds 3]
 
 Each run is a fresh Python process that defines the solution's answers as the judge does (compiled as
-``<student code: ...>``) and calls every check of the notebook's hidden-test cells on real workers. With
-``--boundary warden`` (the default) it compares ``LABSUPPORT_WARDEN=1`` (as grading runs them) with ``0`` (target:
-at most 1.2x); with ``--boundary sandbox`` it compares the student's function in a sandbox behind its host
-(``labsupport/_sandbox.py``, as grading runs 01's and 02's checks) with the same function run in the worker itself
-(``LABSUPPORT_SANDBOX=0``, under the warden; target: at most 1.3x). The two kinds of run alternate, since a shared
-machine's speed drifts; it prints each time and the ratio of the medians.
+``<student code: ...>``) and calls every check of the notebook's hidden-test cells on real workers. It compares the
+student's code in a sandbox behind its host (``labsupport/_sandbox.py``, as grading runs every check) with the same
+code run in the worker itself (``LABSUPPORT_SANDBOX=0``; target: at most 1.3x). The two kinds of run alternate,
+since a shared machine's speed drifts; it prints each time, the machine's load average, and the ratio of the
+medians.
 """
 
 from __future__ import annotations
@@ -50,36 +48,39 @@ labsupport.shutdown()
 '''
 
 
-def once(notebook: Path, warden: bool, variable: str = "LABSUPPORT_WARDEN") -> float:
-    env = dict(os.environ, LABSUPPORT_WARDEN="1", MPLBACKEND="Agg", PYTHONPATH=str(ROOT))
-    env[variable] = "1" if warden else "0"
+def once(notebook: Path, sandbox: bool) -> float:
+    env = dict(os.environ, LABSUPPORT_SANDBOX="1" if sandbox else "0", MPLBACKEND="Agg", PYTHONPATH=str(ROOT))
     proc = subprocess.run([sys.executable, "-c", _RUN, str(notebook)], env=env, cwd=notebook.parent,
                           capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
-        raise SystemExit(f"the checks failed ({variable}={int(warden)}):\n{proc.stderr[-3000:]}")
+        raise SystemExit(f"the checks failed (LABSUPPORT_SANDBOX={int(sandbox)}):\n{proc.stderr[-3000:]}")
     return float(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def _load() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:  # pragma: no cover - no load average on this system
+        return "unknown"
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--assignment", default="01_collectives")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--boundary", choices=("warden", "sandbox"), default="warden")
     args = parser.parse_args(argv)
-    variable = {"warden": "LABSUPPORT_WARDEN", "sandbox": "LABSUPPORT_SANDBOX"}[args.boundary]
-    target = {"warden": 1.2, "sandbox": 1.3}[args.boundary]
     notebook = ROOT / "solutions" / args.assignment / f"{args.assignment}.ipynb"
     times = {True: [], False: []}
     for i in range(args.rounds):
-        for warden in ((True, False) if i % 2 == 0 else (False, True)):
+        for sandbox in ((True, False) if i % 2 == 0 else (False, True)):
             started = time.perf_counter()
-            checks = once(notebook, warden, variable)
-            times[warden].append(checks)
-            print(f"round {i + 1}: {'with' if warden else 'without'} the {args.boundary}: checks {checks:.1f} s "
-                  f"(process {time.perf_counter() - started:.1f} s)", flush=True)
+            checks = once(notebook, sandbox)
+            times[sandbox].append(checks)
+            print(f"round {i + 1}: {'with' if sandbox else 'without'} the sandbox: checks {checks:.1f} s "
+                  f"(process {time.perf_counter() - started:.1f} s; load average {_load()})", flush=True)
     ratio = statistics.median(times[True]) / statistics.median(times[False])
-    print(f"{args.assignment}: the hidden checks take {ratio:.2f}x as long with the {args.boundary} (median of "
-          f"{args.rounds}; target at most {target}x)")
+    print(f"{args.assignment}: the hidden checks take {ratio:.2f}x as long with the sandbox (median of "
+          f"{args.rounds}; target at most 1.3x)")
     return 0
 
 
