@@ -50,6 +50,7 @@ def recv_from_each_other():
     dist.recv(torch.zeros(1), src=1 - dist.get_rank())
 
 
+@pytest.mark.slow   # the English path is in the quick loop (test_launch.py); this is its Chinese twin
 @pytest.mark.timing
 def test_a_rank_s_error_in_chinese_from_workers_started_in_english(monkeypatch):
     monkeypatch.setenv("LABSUPPORT_LANG", "en")
@@ -76,6 +77,7 @@ def test_a_rank_s_error_in_chinese_from_workers_started_in_english(monkeypatch):
         assert str(info.value).startswith(head), str(info.value)
 
 
+@pytest.mark.slow   # the English path is in the quick loop (test_launch.py); this is its Chinese twin
 @pytest.mark.timing
 def test_a_deadlock_report_in_chinese(settled_timeouts, monkeypatch):
     monkeypatch.setenv("LABSUPPORT_LANG", "en")
