@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import io
 import re
 import string
 import struct
@@ -30,11 +29,10 @@ from pathlib import Path
 from babel.messages.catalog import Catalog, Message
 from babel.messages.extract import extract_from_dir
 from babel.messages.frontend import parse_mapping_cfg
-from babel.messages.pofile import read_po, write_po
 
 from labsupport.i18n import DOMAIN, LOCALES
 
-from .translation import HASH_PREFIX, english_hash, recorded_hash
+from .translation import HASH_PREFIX, english_hash, read_catalog, recorded_hash, write_catalog
 
 ROOT = Path(__file__).resolve().parents[1]
 MAPPING = Path("i18n") / "messages.cfg"
@@ -59,19 +57,6 @@ def extract(root: Path = ROOT) -> dict[str, list[str]]:
             if filename not in files:
                 files.append(filename)
     return found
-
-
-def read_catalog(path: Path) -> Catalog:
-    with path.open("rb") as f:
-        return read_po(f)
-
-
-def write_catalog(catalog: Catalog, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    buffer = io.BytesIO()
-    write_po(buffer, catalog, width=0, omit_header=False, sort_output=False, include_previous=False,
-             include_lineno=False)
-    path.write_bytes(buffer.getvalue())
 
 
 def messages(catalog: Catalog) -> list[Message]:

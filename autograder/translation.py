@@ -182,7 +182,9 @@ def read_catalog(path: Path) -> Catalog:
 def write_catalog(catalog: Catalog, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()
-    write_po(buffer, catalog, width=0, omit_header=False, sort_output=False, include_previous=False)
+    # the messages' catalog names each message's files, never its lines (a line moved is no change)
+    write_po(buffer, catalog, width=0, omit_header=False, sort_output=False, include_previous=False,
+             include_lineno=False)
     path.write_bytes(buffer.getvalue())
 
 
