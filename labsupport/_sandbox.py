@@ -37,14 +37,14 @@ from ._plain import SandboxRefused, Unplain  # noqa: F401  (what checks and test
 class Sandboxed:
     """A student's function as the check on a worker sees it (see the module docstring)."""
 
-    def __init__(self, blob: bytes, name: str, what: str, allow=None, forbid=None, shared=()):
-        self.blob, self.__name__, self.what = blob, name, what
+    def __init__(self, blob: bytes, name: str, what: str, allow=None, forbid=None, shared=(), arena=True):
+        self.blob, self.__name__, self.what, self.arena = blob, name, what, bool(arena)
         self.allow = None if allow is None else frozenset(allow)
         self.forbid = dict(forbid or {})  # "module:name" -> why, for the exercise's own built-in
         self.shared = tuple(shared)  # folders the sandbox reads and writes besides its own (a checkpoint's)
 
     def __reduce__(self):
-        return (Sandboxed, (self.blob, self.__name__, self.what, self.allow, self.forbid, self.shared))
+        return (Sandboxed, (self.blob, self.__name__, self.what, self.allow, self.forbid, self.shared, self.arena))
 
     def __repr__(self) -> str:
         return f"<{self.__name__}, run in a sandbox>"
@@ -62,13 +62,15 @@ class Sandboxed:
         return _host(self.shared).call(self, args, kwargs)
 
 
-def sandboxed(fn, what: str = "", allow=None, forbid=None, driver=None, shared=()) -> Sandboxed:
+def sandboxed(fn, what: str = "", allow=None, forbid=None, driver=None, shared=(), arena=True) -> Sandboxed:
     """``fn`` wrapped for a check (called in the grader's process): ``what`` names the exercise in messages,
     ``allow`` is the set of ``torch.distributed`` calls it may make (``{"send", "recv"}``), None for any;
     ``forbid`` maps ``"module:name"`` of a built-in the exercise re-implements (a function or a class) to the
     message it raises if the function uses it (``{"torch.utils.data:DistributedSampler": "shard_indices must not
     ..."}``). ``shared`` names folders that every rank's sandbox reads and writes for this function (the folder a
     checkpoint is saved in): a sandbox is started afresh with them, since its file rules can only be narrowed.
+    ``arena=False``: every tensor crosses in the link's messages, none through the memory the host shares with the
+    sandbox (``labsupport._arena``), for a check that reads the sandbox's memory while a request is in flight.
 
     ``driver``, for an exercise that is a class or a set of functions, is a function of the grader's that exercises
     ``fn`` in the sandbox: the call is then ``driver(fn, *args, **kwargs)``. It travels by value with its module (so
@@ -95,7 +97,7 @@ def sandboxed(fn, what: str = "", allow=None, forbid=None, driver=None, shared=(
         cloudpickle.register_pickle_by_value(mod)
     try:
         return Sandboxed(_pickling.dumps(fn), name, what or name, allow, forbid,
-                         tuple(os.path.realpath(f) for f in shared))
+                         tuple(os.path.realpath(f) for f in shared), arena)
     finally:
         for mod in modules:
             cloudpickle.unregister_pickle_by_value(mod)
@@ -175,13 +177,15 @@ def cpu_seconds() -> float | None:
 def memory() -> dict | None:
     """This worker's sandbox's memory as the kernel counts it, read from ``/proc`` (bytes): ``rss`` now, ``peak``
     (the high-water mark since the last ``reset_peak``) and ``data`` (resident anonymous and shared memory: what
-    tensors and objects hold, without the code pages loaded on first use); None without one."""
+    tensors and objects hold, without the code pages loaded on first use); None without one. Transfers that are
+    over are not counted: their pages in the memory the host shares with the sandbox go back to the kernel first."""
     return _HOST[0].memory() if _HOST and _HOST[0].alive() else None
 
 
 def reset_peak() -> bool:
     """Start the sandbox's high-water mark again from its present resident size; False where that failed."""
     if _HOST and _HOST[0].alive():
+        _HOST[0].trim()
         try:
             with open(f"/proc/{_HOST[0].pid}/clear_refs", "w") as fh:
                 fh.write("5")

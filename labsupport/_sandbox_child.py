@@ -82,10 +82,10 @@ class _NoGrader:
         return None
 
 
-def _child(sock, rank: int, world_size: int, folder: str, stack_file: str, shared=()) -> None:
+def _child(sock, rank: int, world_size: int, folder: str, stack_file: str, shared=(), arena=None) -> None:
     code = 0
     try:
-        _become_sandbox(sock, rank, world_size, folder, stack_file, shared)
+        _become_sandbox(sock, rank, world_size, folder, stack_file, shared, arena)
     except BaseException:  # noqa: BLE001: the host reports the exit; native output (fd 2) keeps the reason
         code = 70
         try:
@@ -97,7 +97,7 @@ def _child(sock, rank: int, world_size: int, folder: str, stack_file: str, share
     os._exit(code)
 
 
-def _become_sandbox(sock, rank, world_size, folder, stack_file, shared=()) -> None:
+def _become_sandbox(sock, rank, world_size, folder, stack_file, shared=(), arena=None) -> None:
     import faulthandler
     import tempfile
     from multiprocessing.connection import Connection
@@ -132,7 +132,7 @@ def _become_sandbox(sock, rank, world_size, folder, stack_file, shared=()) -> No
     except ImportError:
         pass
     _tap._set(())  # the call board and the counters belong to the host
-    _relay.register(link)
+    _relay.register(link, arena)
     if os.environ.get("LABSUPPORT_TEST_GRADER_IN_SANDBOX") != "1":  # the course's own tests' planted bugs only
         for name in [m for m in sys.modules if m == "autograder" or m.startswith("autograder.")]:
             del sys.modules[name]
@@ -255,7 +255,7 @@ def _serve_calls(link: _Link) -> None:
 
     from . import _relay, _worker
 
-    functions = {}
+    functions, arena = {}, _relay._ARENA[0]
     while True:
         msg = link.recv()
         if msg[0] == "exit":
@@ -263,6 +263,8 @@ def _serve_calls(link: _Link) -> None:
         if msg[0] in ("task", "over"):
             if dist.is_initialized():
                 dist.destroy_process_group()
+            if arena is not None:  # requests never waited for: their places are free with the task
+                arena.reset()
             functions.clear()
             if msg[0] == "task":  # as a worker starts a task: its rank, environment, random state, group
                 _, current, environ = msg
@@ -272,7 +274,8 @@ def _serve_calls(link: _Link) -> None:
                 dist.init_process_group(_relay.NAME, store=dist.HashStore(), rank=current["rank"],
                                         world_size=current["world_size"])
             continue
-        _, key, blob, payload, forbid = msg
+        _, key, blob, payload, forbid, use_arena = msg
+        _relay._ARENA[0] = arena if use_arena else None
         text, args, kwargs = "", [], {}
         undo = _forbid(forbid)  # before unpickling: a reference to the built-in is taken as the stand-in
         try:

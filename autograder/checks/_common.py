@@ -65,7 +65,7 @@ BUILT_INS = {
 }
 
 
-def in_sandbox(fn, what: str, allow=None, driver=None, forbid=None, shared=()):
+def in_sandbox(fn, what: str, allow=None, driver=None, forbid=None, shared=(), arena=True):
     """``fn`` as the workers will call it: in a sandbox of each rank, behind a host that carries its messages
     (``labsupport._sandbox``). ``allow`` names the ``torch.distributed`` calls the exercise may make (the others are
     refused with a message that names the rule); what the check reads (results, arguments, the ``CommCounter``'s
@@ -73,10 +73,12 @@ def in_sandbox(fn, what: str, allow=None, driver=None, forbid=None, shared=()):
     imports only the standard library, torch and labsupport) exercises a class or several functions there:
     the call is ``driver(fn, ...)``, and what it returns is the student's answer, checked by the host. ``forbid``
     maps built-ins the exercise rebuilds to their message (``BUILT_INS``); ``shared`` names folders every rank's
-    sandbox may read and write besides its own (a checkpoint's)."""
+    sandbox may read and write besides its own (a checkpoint's). ``arena=False`` sends every tensor in the link's
+    messages (``labsupport._arena``): for a check that reads the sandbox's memory inside its requests, where a
+    transfer's copy in the shared memory would count as the student's."""
     from labsupport._sandbox import sandboxed
 
-    return sandboxed(fn, what, allow, forbid=forbid, driver=driver, shared=shared)
+    return sandboxed(fn, what, allow, forbid=forbid, driver=driver, shared=shared, arena=arena)
 
 
 #: What a check's message starts with when the sandbox refused a request after the student's function returned (a
