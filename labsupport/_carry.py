@@ -3,9 +3,9 @@
 
 ``Carrier`` is the part of the host (``labsupport._sandbox_host._Host``) that performs requests: a request's tensors
 are views of the arena the two share (``labsupport._arena``) or come in the message; its outputs are made in the
-place of the arena the sandbox took for them, so that they cross back without a copy. A transfer the sandbox posts
-without waiting (``isend``/``irecv``) is answered before it is made, so the sandbox goes on at once, as it would on a
-worker; the time and CPU time of its post are read first, while the sandbox still waits.
+place of the arena the sandbox took for them, so that they cross back without a copy. Each request is made before
+the sandbox hears back (so that a check's refusal of it raises at the student's call), with the time and, for a
+transfer, the sandbox's CPU time read first, while the sandbox waits.
 """
 
 from __future__ import annotations
@@ -83,39 +83,30 @@ class Carrier:
         nbytes = 0
         posted = time.perf_counter()
         cpu_posted = self.cpu() if op in ("send", "recv") else None  # what 10's overlap reads: transfers only
-        handle = None
         if kind in ("isend", "irecv"):
             if not (isinstance(args[0], int) and 0 <= args[0] < len(ranks)):
                 raise ValueError(f"{op} to or from rank {args[0]!r}: the group has ranks 0 to {len(ranks) - 1}")
             peer = ranks[args[0]]
-            if not blocking:  # the sandbox goes on at once: the post is made while it runs, its errors come at wait()
-                handle = self.next_handle
-                self.next_handle += 1
-                self._send(("ok", handle))
-                self.replied = True
-        try:
-            if kind == "isend":
-                _, tag, item = args
-                t = self._in(item)
-                nbytes, outputs = t.numel() * t.element_size(), None
-                if blocking:
-                    work = dist.send(t, peer, group=group, tag=tag)  # None
-                else:
-                    work = dist.isend(t, peer, group=group, tag=tag)
-            elif kind == "irecv":
-                _, tag, dtype, shape = args
-                t = out.empty(shape, dtype)
-                outputs = [t]
-                if blocking:
-                    dist.recv(t, peer, group=group, tag=tag)
-                    work = None
-                else:
-                    work = dist.irecv(t, peer, group=group, tag=tag)
-        except Exception as exc:
-            if handle is None:
-                raise
-            work, outputs = _Failed(exc), None
-        if kind not in ("isend", "irecv"):
+        # the post is made before the sandbox hears back: a check's observer that refuses it (a peer that is not a
+        # neighbour) raises at the student's isend, as on a worker
+        if kind == "isend":
+            _, tag, item = args
+            t = self._in(item)
+            nbytes, outputs = t.numel() * t.element_size(), None
+            if blocking:
+                work = dist.send(t, peer, group=group, tag=tag)  # None
+            else:
+                work = dist.isend(t, peer, group=group, tag=tag)
+        elif kind == "irecv":
+            _, tag, dtype, shape = args
+            t = out.empty(shape, dtype)
+            outputs = [t]
+            if blocking:
+                dist.recv(t, peer, group=group, tag=tag)
+                work = None
+            else:
+                work = dist.irecv(t, peer, group=group, tag=tag)
+        else:
             work, outputs, peer = self._collective(kind, args, group, ranks, me, out)
             nbytes = _sent_bytes(kind, args)
         entry = [op, peer, nbytes, posted, None, cpu_posted, None]
@@ -126,9 +117,8 @@ class Carrier:
                 outputs = done if isinstance(done, list) else [done]
             entry[4], entry[6] = time.perf_counter(), cpu_posted
             return self._items(outputs)
-        if handle is None:
-            handle = self.next_handle
-            self.next_handle += 1
+        handle = self.next_handle
+        self.next_handle += 1
         self.pending[handle] = (work, outputs, entry, spans)
         return handle
 
@@ -246,16 +236,6 @@ class _Outputs:
                     self.at = start + n
                     return t
         return torch.empty(shape, dtype=dtype)
-
-
-class _Failed:
-    """A post that failed after the sandbox was told it was made: its error comes at ``wait()``."""
-
-    def __init__(self, exc):
-        self.exc = exc
-
-    def wait(self):
-        raise self.exc
 
 
 class _Then:

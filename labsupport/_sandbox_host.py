@@ -37,7 +37,6 @@ class _Host(Carrier):
         self.next_handle = 1
         self.arena_top = 0      # how far into the arena the sandbox's requests have reached since the last trim
         self.serving = False
-        self.replied = False    # the request being served was answered already: the sandbox runs meanwhile
         self.current = []       # the arena's places of the request being served
         parent, child = socket.socketpair()
         for stream in (sys.stdout, sys.stderr):
@@ -134,7 +133,7 @@ class _Host(Carrier):
         """The arena's pages back to the kernel, but those of requests in flight and of the one being served
         (``Arena.trim``): before the sandbox's memory is read, so that transfers that are over do not count. Only
         while the sandbox waits for the host (between calls, or inside a request not yet answered)."""
-        if self.arena_top and not (self.serving and self.replied):
+        if self.arena_top:
             keep = [span for *_, spans in self.pending.values() for span in spans] + list(self.current)
             self.arena.trim(self.arena_top, keep)
             self.arena_top = max((hi for _, hi in keep), default=0)
@@ -195,7 +194,6 @@ class _Host(Carrier):
             if kind == "out":
                 (sys.stdout if msg[1] == "stdout" else sys.stderr).write(msg[2])
             elif kind == "req":
-                self.replied = False
                 try:
                     reply = ("ok", self._request(msg[1], msg[2], msg[3:]))
                 except SandboxRefused as exc:
@@ -203,8 +201,7 @@ class _Host(Carrier):
                 except Exception as exc:  # a bad request: the student's call raises it
                     reply = ("error", f"{type(exc).__name__}: {exc}")
                 self.current = []
-                if not self.replied:
-                    self._send(reply)
+                self._send(reply)
             elif kind == "returned":
                 self.returned = True
             elif kind == "result":
