@@ -21,6 +21,7 @@ import functools
 import math
 import sys
 import traceback
+import warnings
 
 import pytest
 import torch
@@ -381,7 +382,7 @@ def _chunk_of(numel, world):
 
 class FSDPWithHabits(FSDPOk):
     """Correct, with a student's habits: progress printed to stderr, a traceback printed in an except, a cached
-    helper."""
+    helper, a warning."""
 
     def padded(self, numel):
         return _chunk_of(numel, self.world)
@@ -394,6 +395,7 @@ class FSDPWithHabits(FSDPOk):
         except TypeError:
             traceback.print_exc()
         print(f"rank {self.rank}: a unit of {sum(p.numel() for *_, p in params)} values", file=sys.stderr)
+        warnings.warn("make_unit: a reminder to myself (a warning on stderr)")
         return super().make_unit(params)
 
 

@@ -13,6 +13,7 @@ import copy
 import functools
 import sys
 import traceback
+import warnings
 
 import pytest
 import torch
@@ -790,6 +791,7 @@ class RowHonestHabits(Row):                 # correct, with habits honest code h
     def from_dense(cls, linear, group=None, input_is_parallel=True):
         t, r = tp(group)
         print(f"rank {r}: {_split(linear.in_features, t)} input features each", file=sys.stderr)
+        warnings.warn("from_dense: a reminder to myself (a warning on stderr)")
         try:
             divisible(linear.in_features, t, "in_features")
         except ValueError:
