@@ -36,6 +36,8 @@ def _nbytes(dtype: torch.dtype, shape) -> int:
 
 
 class Arena:
+    """The shared memory itself (``map``), its views (``base``), and the sandbox's account of its space."""
+
     def __init__(self, size: int = SIZE):
         flags = mmap.MAP_SHARED | getattr(mmap, "MAP_NORESERVE", 0)
         self.map = mmap.mmap(-1, size, flags=flags)

@@ -43,7 +43,7 @@ class Carrier:
             return None
         items = []
         for t in outputs:
-            offset = self.arena.offset_of(t)
+            offset = self.arena.offset_of(t) if self.arena is not None else None
             items.append(raw(t) if offset is None else (str(t.dtype).replace("torch.", ""), tuple(t.shape), offset))
         return items
 
@@ -215,7 +215,8 @@ class _Outputs:
 
     def __init__(self, arena, region):
         self.arena = arena
-        self.at, self.end = region if isinstance(region, tuple) and len(region) == 2 else (None, 0)
+        placed = arena is not None and isinstance(region, tuple) and len(region) == 2
+        self.at, self.end = region if placed else (None, 0)
 
     def empty(self, shape, dtype):
         import torch

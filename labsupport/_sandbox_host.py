@@ -47,7 +47,10 @@ class _Host(Carrier):
         from . import _seccomp
         from ._arena import Arena
 
-        self.arena = Arena()  # before the fork: the sandbox maps the same pages
+        try:
+            self.arena = Arena()  # before the fork: the sandbox maps the same pages
+        except (OSError, ValueError, OverflowError):  # no room for it (a strict overcommit policy): messages only
+            self.arena = None
         _seccomp.guard_host()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Python 3.12 warns on fork in a process with threads
@@ -133,7 +136,7 @@ class _Host(Carrier):
         """The arena's pages back to the kernel, but those of requests in flight and of the one being served
         (``Arena.trim``): before the sandbox's memory is read, so that transfers that are over do not count. Only
         while the sandbox waits for the host (between calls, or inside a request not yet answered)."""
-        if self.arena_top:
+        if self.arena_top and self.arena is not None:
             keep = [span for *_, spans in self.pending.values() for span in spans] + list(self.current)
             self.arena.trim(self.arena_top, keep)
             self.arena_top = max((hi for _, hi in keep), default=0)
