@@ -542,6 +542,17 @@ def test_simulate_rejects_bugs(fn, words):
     _fails(check_simulate_schedule, fn, *words)
 
 
+@pytest.mark.parametrize("seed", [15014074, *range(1, 41)])
+def test_simulate_names_a_w_that_takes_t_bwd_whatever_the_draw(seed, monkeypatch):
+    """A W that takes t_bwd on one stage delays the B's of the stages before it: the message names the W (the
+    earliest span off its time), not a late B on stage 0, whichever orders the seed draws (15014074 drew one where
+    stage 0's B1 came first in the scan)."""
+    from autograder.checks.overlap import schedules
+
+    monkeypatch.setattr(schedules, "draw_seed", lambda: seed)
+    _fails(check_simulate_schedule, sim_w_costs_b, "A W takes t_w")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # zigzag_ring_attention
 

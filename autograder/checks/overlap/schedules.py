@@ -56,6 +56,7 @@ def check_simulate_schedule(simulate_schedule) -> None:
         if not isinstance(got, dict) or not {"busy", "makespan", "bubble_fraction"} <= set(got):
             raise AssertionError(f"{what}: return a dict with 'busy', 'makespan' and 'bubble_fraction', "
                                  f"got {short(got)}")
+        wrong = []  # the spans off their times: the earliest one (by its expected start) is where it goes wrong
         for s, (mine, theirs) in enumerate(zip(got["busy"], ref["busy"])):
             if len(mine) != len(theirs):
                 raise AssertionError(f"{what}: stage {s} has {len(mine)} spans, expected one per operation "
@@ -65,16 +66,19 @@ def check_simulate_schedule(simulate_schedule) -> None:
                     raise AssertionError(f"{what}: stage {s}'s spans must follow its list: got {op}{mb}, "
                                          f"expected {eop}{emb}.")
                 if not (math.isclose(a, ea, abs_tol=1e-9) and math.isclose(b, eb, abs_tol=1e-9)):
-                    hint = ""
-                    if op == "W" and math.isclose(b - a, tb, abs_tol=1e-9) and not math.isclose(tb, tw):
-                        hint = " A W takes t_w, not t_bwd."
-                    elif op == "W":
-                        hint = " A W waits only for the B of the same micro-batch on its own stage (and the stage)."
-                    elif op == "B" and s < len(schedule) - 1:
-                        hint = (" B of a micro-batch waits for B of it on the next stage: the gradient of the "
-                                "input, not W, is what travels back.")
-                    raise AssertionError(f"{what}: stage {s}, {op}{mb} runs from {a:.4g} to {b:.4g}, expected "
-                                         f"{ea:.4g} to {eb:.4g}.{hint}")
+                    wrong.append((ea, s, a, b, op, mb, eb))
+        if wrong:
+            ea, s, a, b, op, mb, eb = min(wrong)
+            hint = ""
+            if op == "W" and math.isclose(b - a, tb, abs_tol=1e-9) and not math.isclose(tb, tw):
+                hint = " A W takes t_w, not t_bwd."
+            elif op == "W":
+                hint = " A W waits only for the B of the same micro-batch on its own stage (and the stage)."
+            elif op == "B" and s < len(schedule) - 1:
+                hint = (" B of a micro-batch waits for B of it on the next stage: the gradient of the "
+                        "input, not W, is what travels back.")
+            raise AssertionError(f"{what}: stage {s}, {op}{mb} runs from {a:.4g} to {b:.4g}, expected "
+                                 f"{ea:.4g} to {eb:.4g}.{hint}")
         if not math.isclose(got["makespan"], ref["makespan"], abs_tol=1e-9):
             ends = [spans[-1][1] for spans in ref["busy"] if spans]
             last = max(range(len(ends)), key=ends.__getitem__)
