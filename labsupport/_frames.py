@@ -107,9 +107,18 @@ def parse_faulthandler(text: str, main_ident: int):
         if m and current is not None:
             sections[current].append((m.group(1), int(m.group(2)), m.group(3), None))
     frames = sections.get(main_ident)
-    if frames is None and sections:
+    if frames is None and sections and not main_ident:  # the main thread unknown: the thread the dump begins with
         frames = next(iter(sections.values()))
-    return list(reversed(frames or []))
+    return list(reversed(frames or []))  # never another thread's frames as the rank's: none, if the dump lacks them
+
+
+def has_thread(text: str, ident: int) -> bool:
+    """Whether a faulthandler dump has begun the section of thread ``ident`` (any thread when it is unknown)."""
+    for line in text.splitlines():
+        m = _THREAD_RE.match(line)
+        if m and (not ident or int(m.group(1), 16) == ident):
+            return True
+    return False
 
 
 def dump_complete(text: str, main_ident: int) -> bool:
