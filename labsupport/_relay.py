@@ -9,8 +9,6 @@ ranks (no socket, no store). Nothing here decides points: it is the student's si
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.distributed as dist
 from torch.futures import Future
@@ -39,10 +37,10 @@ def unraw(item) -> torch.Tensor:
 
 def _nbytes(item) -> int:
     """The bytes of a tensor as it crosses: carried in the message, or at a place in the arena."""
+    from ._arena import _nbytes as of_shape
+
     dtype, shape, data = item
-    if isinstance(data, (bytes, bytearray)):
-        return len(data)
-    return math.prod(shape) * torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    return len(data) if isinstance(data, (bytes, bytearray)) else of_shape(getattr(torch, dtype), shape)
 
 
 def put(arena, t: torch.Tensor) -> tuple:
