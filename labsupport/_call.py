@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 
-from ._frames import dump_complete, format_frames, has_thread, parse_faulthandler
+from ._frames import dump_complete, format_frames, parse_faulthandler
 from ._native import native_error
 from ._output import RankOutput
 from ._pool import _cores, _loopback_ifname, _Pool, _Worker
@@ -199,11 +199,7 @@ class _Call:
                     text = ""
                 unchanged[w.index] = unchanged[w.index] + 1 if text and text == texts[w.index] else 0
                 texts[w.index] = text
-                # complete, or stopped growing with the main thread's frames in it: a dump paused on a loaded
-                # machine before it reached the main thread (the reader thread's come first when it took the
-                # signal) is read again
-                if text and (dump_complete(text, w.main_ident)
-                             or (unchanged[w.index] >= 3 and has_thread(text, w.main_ident))):
+                if text and (dump_complete(text, w.main_ident) or unchanged[w.index] >= 3):
                     pending.remove(w)
         return texts
 

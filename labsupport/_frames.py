@@ -107,30 +107,9 @@ def parse_faulthandler(text: str, main_ident: int):
         if m and current is not None:
             sections[current].append((m.group(1), int(m.group(2)), m.group(3), None))
     frames = sections.get(main_ident)
-    if frames is None:  # the main thread under another id: the thread that starts at a module's top level
-        frames = next((f for f in sections.values() if f and f[-1][2] == "<module>"), None)
     if frames is None and sections:
         frames = next(iter(sections.values()))
     return list(reversed(frames or []))
-
-
-def has_thread(text: str, ident: int) -> bool:
-    """Whether a faulthandler dump holds the main thread's section: thread ``ident``'s, or a whole one that starts
-    at a module's top level (a worker's main thread, whatever its id)."""
-    section, last = None, None
-    for line in text.splitlines():
-        m = _THREAD_RE.match(line)
-        if m:
-            if last == "<module>":
-                return True
-            section, last = int(m.group(1), 16), None
-            if ident and section == ident:
-                return True
-            continue
-        m = _FRAME_RE.match(line)
-        if m and section is not None:
-            last = m.group(3)
-    return last == "<module>"
 
 
 def dump_complete(text: str, main_ident: int) -> bool:

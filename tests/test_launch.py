@@ -797,29 +797,6 @@ def test_a_stack_dump_read_too_early_is_not_taken_for_whole():
     assert not _dump_complete("", 0x7F0000000001)
 
 
-def test_a_stack_dump_that_stopped_before_the_main_thread_gives_no_other_threads_frames():
-    """A dump whose writer paused (a loaded machine) after another thread's section, the reader thread that answered
-    the call board: the dump is not whole until the main thread's section is in it, and the main thread is found
-    by its id or, failing that, as the thread that starts at a module's top level."""
-    from labsupport._frames import has_thread, parse_faulthandler
-
-    reader = (
-        "Current thread 0x00007f0000000002 (most recent call first):\n"
-        '  File "/labsupport/i18n.py", line 30 in language\n'
-        '  File "/labsupport/i18n.py", line 59 in _\n'
-    )
-    main = (
-        "Thread 0x00007f0000000001 (most recent call first):\n"
-        '  File "/torch/distributed/distributed_c10d.py", line 2799 in recv\n'
-        '  File "<string>", line 1 in <module>\n'
-    )
-    assert not has_thread(reader, 0x7F0000000001)  # not whole yet: read again
-    assert has_thread(reader + main, 0x7F0000000001)
-    assert [f[2] for f in parse_faulthandler(reader + main, 0x7F0000000001)] == ["<module>", "recv"]
-    # the main thread under another id than the one recorded: still the thread that starts at <module>
-    assert has_thread(reader + main, 0x7F0000000009)
-    assert [f[2] for f in parse_faulthandler(reader + main, 0x7F0000000009)] == ["<module>", "recv"]
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # interrupts at awkward moments
