@@ -25,6 +25,8 @@ from .i18n import _
 
 _FAILURE_GRACE = 0.4  # seconds to collect the other ranks' errors after the first failure
 _STACK_WAIT = 2.0  # at most this long for the stack dumps of deadlocked ranks
+_UNCHANGED = 25  # polls (of 20 ms) of a dump that stopped growing short of its outermost frame: taken as it is
+_RESEND = 0.5  # a rank whose stack file is still empty this long after its signal is sent it again
 
 
 class _Call:
@@ -173,22 +175,31 @@ class _Call:
         raise err from None
 
     def _dump_stacks(self, running) -> dict[int, str]:
-        """Every running rank's stacks: SIGUSR1 makes faulthandler write them to the rank's stack file.
+        """Every running rank's stack: SIGUSR1 makes faulthandler write its main thread's to the rank's stack file.
 
-        Waits until each dump is complete (its main thread reaches the outermost frame, or the file stopped
-        growing), at most ``_STACK_WAIT`` seconds: eight ranks on a loaded machine can take longer than any fixed
-        pause, and a half-written dump would lose the frames that matter most (the outer ones, the student's).
+        Waits until each dump is complete (it reaches the outermost frame, or the file stopped growing), at most
+        ``_STACK_WAIT`` seconds: eight ranks on a loaded machine can take longer than any fixed pause, and a
+        half-written dump would lose the frames that matter most (the outer ones, the student's). A rank whose file
+        is still empty after ``_RESEND`` seconds is sent the signal again (it may have come while the rank was
+        between a sandbox and its own stack).
         """
-        for w in running:
+        def signal_(w) -> None:
             try:
-                open(w.stack_file, "w").close()
                 os.kill(_sandbox_of(w) or w.process.pid, signal.SIGUSR1)
             except (OSError, TypeError, ValueError):
                 pass
+
+        for w in running:
+            try:
+                open(w.stack_file, "w").close()
+            except OSError:
+                pass
+            signal_(w)
         texts = {w.index: "" for w in running}
         unchanged = {w.index: 0 for w in running}
         pending = list(running)
-        deadline = time.monotonic() + _STACK_WAIT
+        start = time.monotonic()
+        deadline, resend = start + _STACK_WAIT, start + _RESEND
         while pending and time.monotonic() < deadline:
             time.sleep(0.02)
             for w in list(pending):
@@ -199,8 +210,13 @@ class _Call:
                     text = ""
                 unchanged[w.index] = unchanged[w.index] + 1 if text and text == texts[w.index] else 0
                 texts[w.index] = text
-                if text and (dump_complete(text, w.main_ident) or unchanged[w.index] >= 3):
+                if text and (dump_complete(text, w.main_ident) or unchanged[w.index] >= _UNCHANGED):
                     pending.remove(w)
+            if time.monotonic() >= resend:
+                for w in pending:
+                    if not texts[w.index]:
+                        signal_(w)
+                resend = time.monotonic() + _RESEND
         return texts
 
     def _timeout(self, running, workers) -> None:

@@ -90,25 +90,46 @@ def format_frames(frames, call: str = "") -> tuple[str, str]:
 
 
 _THREAD_RE = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)")
+#: the header of a dump of the one thread that took the signal (``all_threads=False``): a worker's main thread,
+#: since its other threads block the signal (``labsupport._worker``), or a sandbox's only thread
+_STACK_RE = re.compile(r"^Stack \(most recent call first\):")
 _FRAME_RE = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
 
 
-def parse_faulthandler(text: str, main_ident: int):
-    """Frames of the main thread from a faulthandler dump, outermost first."""
+def _sections(text: str, main_ident: int) -> dict[int, list]:
+    """{thread id: its frames as written, innermost first}; a one-thread dump is filed under ``main_ident``."""
     sections: dict[int, list] = {}
     current = None
     for line in text.splitlines():
         m = _THREAD_RE.match(line)
-        if m:
-            current = int(m.group(1), 16)
-            sections[current] = []
+        if m or _STACK_RE.match(line):
+            current = int(m.group(1), 16) if m else main_ident
+            if current in sections:  # a second dump appended (the signal sent again): the first one counts
+                current = None
+            else:
+                sections[current] = []
             continue
         m = _FRAME_RE.match(line)
         if m and current is not None:
             sections[current].append((m.group(1), int(m.group(2)), m.group(3), None))
+    return sections
+
+
+def _started_as_a_thread(frames) -> bool:
+    """Whether a section's outermost frame is where ``threading`` starts a thread: not a main thread's stack."""
+    return bool(frames) and frames[-1][2] in ("_bootstrap", "_bootstrap_inner") and \
+        os.path.basename(frames[-1][0]) == "threading.py"
+
+
+def parse_faulthandler(text: str, main_ident: int):
+    """Frames of the main thread from a faulthandler dump, outermost first: none when the dump lacks them (another
+    thread's frames are never taken for the rank's)."""
+    sections = _sections(text, main_ident)
     frames = sections.get(main_ident)
-    if frames is None and sections:
+    if frames is None and sections and not main_ident:  # the main thread unknown: the thread the dump begins with
         frames = next(iter(sections.values()))
+    if _started_as_a_thread(frames):
+        frames = None
     return list(reversed(frames or []))
 
 
@@ -116,18 +137,13 @@ def dump_complete(text: str, main_ident: int) -> bool:
     """Whether a faulthandler dump holds the whole stack of the main thread, down to its outermost frame.
 
     faulthandler writes innermost frames first, line by line, so a dump read too early lacks the outer frames:
-    the student's. The main thread of a worker starts at a module's top level (``<module>``).
+    the student's. The main thread of a worker starts at a module's top level (``<module>``); a stack deeper than
+    faulthandler writes ends in ``...``, and a thread with no Python frame says so.
     """
-    section = None
-    last = None
-    for line in text.splitlines():
-        m = _THREAD_RE.match(line)
-        if m:
-            if section == main_ident and last is not None:
-                break
-            section, last = int(m.group(1), 16), None
-            continue
-        m = _FRAME_RE.match(line)
-        if m and section == main_ident:
-            last = m.group(3)
-    return section == main_ident and last == "<module>"
+    frames = _sections(text, main_ident).get(main_ident)
+    if frames and frames[-1][2] == "<module>":
+        return True
+    if frames is None or not text.endswith("\n"):
+        return False
+    last = text.rstrip("\n").rsplit("\n", 1)[-1].strip()
+    return last in ("...", "<no Python frame>")

@@ -113,7 +113,7 @@ def _become_sandbox(sock, rank, world_size, folder, stack_file, shared=(), arena
     link = _Link(Connection(link_fd))
     if stack_file:
         fh = open(stack_file, "a")
-        faulthandler.register(signal.SIGUSR1, file=fh, all_threads=True, chain=False)
+        faulthandler.register(signal.SIGUSR1, file=fh, all_threads=False, chain=False)
     sys.stdout, sys.stderr = _Output(link, "stdout"), _Output(link, "stderr")
     import torch.distributed.distributed_c10d as c10d
 

@@ -144,6 +144,8 @@ def _error_dict(exc: BaseException, where: str) -> dict:
 
 def _reader(conn, inbox: "queue.Queue") -> None:
     """Own the receiving end of the connection. The notebook going away means this worker must go too."""
+    if hasattr(signal, "pthread_sigmask"):  # a stack dump is the main thread's (see main)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
     while True:
         try:
             data = conn.recv_bytes()
@@ -308,9 +310,12 @@ def main(conn, stack_file: str, board_file: str | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the notebook decides when workers stop
     if hasattr(signal, "pthread_sigmask"):  # the server started with SIGINT blocked (_forkserver.start_quietly)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    # On request (SIGUSR1), write every thread's Python stack: works even while blocked inside gloo.
+    # On request (SIGUSR1), write the main thread's Python stack: works even while blocked inside gloo. Only the
+    # thread that takes the signal is written, whole, and it is the main thread: the kernel gives a signal sent to
+    # the process to its main thread first, and the reader thread blocks it. (A dump of every thread would write
+    # the reader's first, and one paused there on a busy machine would show no stack of the rank's.)
     stack_fh = open(stack_file, "a")  # append: the notebook truncates it before each dump
-    faulthandler.register(signal.SIGUSR1, file=stack_fh, all_threads=True, chain=False)
+    faulthandler.register(signal.SIGUSR1, file=stack_fh, all_threads=False, chain=False)
     # What native code writes to stderr (gloo's "terminate called ... what(): ...") goes to a file of this rank,
     # not to the terminal of the Jupyter server or of the grader: a death report quotes it (``native_error``).
     fd = os.open(native_log(stack_file), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)

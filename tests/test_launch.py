@@ -798,6 +798,64 @@ def test_a_stack_dump_read_too_early_is_not_taken_for_whole():
 
 
 
+
+def test_a_one_thread_dump_is_read_as_the_main_threads():
+    from labsupport._frames import dump_complete as _dump_complete, parse_faulthandler
+
+    dump = (
+        "Stack (most recent call first):\n"
+        '  File "/torch/distributed/distributed_c10d.py", line 2799 in recv\n'
+        '  File "/home/student/ring.py", line 12 in ring\n'
+        '  File "<string>", line 1 in <module>\n'
+    )
+    assert _dump_complete(dump, 0x7F0000000001)
+    assert [f[2] for f in parse_faulthandler(dump, 0x7F0000000001)] == ["<module>", "ring", "recv"]
+    assert not _dump_complete(dump.rsplit("  File", 1)[0], 0x7F0000000001)
+    # a dump appended after a second signal: the first one counts
+    assert [f[2] for f in parse_faulthandler(dump + dump.replace("ring", "other"), 1)] == ["<module>", "ring", "recv"]
+    # deeper than faulthandler writes, or no Python frame: whole as it is
+    assert _dump_complete("Stack (most recent call first):\n" + '  File "a.py", line 1 in f\n' * 3 + "  ...\n", 1)
+    assert _dump_complete("Stack (most recent call first):\n  <no Python frame>\n", 1)
+
+
+def test_a_dump_of_a_thread_that_threading_started_gives_no_frames():
+    """Were the signal taken by a thread of the worker's other than the main one, its frames are not the rank's."""
+    from labsupport._frames import parse_faulthandler
+
+    reader = (
+        "Stack (most recent call first):\n"
+        '  File "/labsupport/_worker.py", line 150 in _reader\n'
+        '  File "/usr/lib/python3.11/threading.py", line 975 in run\n'
+        '  File "/usr/lib/python3.11/threading.py", line 1038 in _bootstrap_inner\n'
+        '  File "/usr/lib/python3.11/threading.py", line 995 in _bootstrap\n'
+    )
+    assert parse_faulthandler(reader, 0x7F0000000001) == []
+    assert parse_faulthandler(reader.replace("Stack (most recent call first)", "Thread 0x00007f0000000001"),
+                              0x7F0000000001) == []
+
+
+def _own_stack_dump():
+    """A rank signals itself as a deadlock report would, and returns what its stack file received."""
+    path = _worker._STACK_FILE[0]
+    open(path, "w").close()
+    os.kill(os.getpid(), signal.SIGUSR1)  # the handler runs before kill returns
+    with open(path) as fh:
+        return fh.read()
+
+
+def test_a_ranks_stack_dump_is_its_main_thread_alone_and_whole():
+    """The dump a deadlock report reads holds the main thread only (not the reader thread that answers the call
+    board, which a dump of every thread writes first) and reaches its outermost frame: a writer paused part way
+    can never leave another thread's frames where the rank's should be."""
+    from labsupport._frames import dump_complete as _dump_complete, parse_faulthandler
+
+    for rank, text in enumerate(labsupport.run(_own_stack_dump, world_size=2)):
+        assert text.startswith("Stack (most recent call first):"), text
+        assert "Thread 0x" not in text and "threading.py" not in text, text
+        ident = [w.main_ident for w in launch._POOL.workers.values() if w.index == rank][0]
+        assert _dump_complete(text, ident)
+        assert "_own_stack_dump" in [f[2] for f in parse_faulthandler(text, ident)]
+
 # ---------------------------------------------------------------------------------------------------------------
 # interrupts at awkward moments
 
