@@ -41,6 +41,12 @@ SLOW_MODULES = {
 CLASS_GRADING_TIMEOUT = 1800
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "xdist_group(name): run on the same pytest-xdist worker as the group's other "
+                                       "tests (set by tests/conftest.py)")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
         module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
@@ -48,6 +54,41 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
         if "class_graded" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.timeout(CLASS_GRADING_TIMEOUT), append=False)
+    for item, group in _groups(items).items():
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _groups(items) -> dict:
+    """{test: its group}: ``./course test`` runs the suite on several pytest-xdist workers (``--dist loadgroup``),
+    and what a test shares with others, made once, must be made once on one worker: tests that use one of this
+    suite's session fixtures (the class's grading run) run where that fixture's other tests do, tests that use a
+    module's fixture (a lab server, an installed environment) where that module's do, and the GPU suite on one
+    worker (one GPU). A test that shares two such things joins both groups into one."""
+    parent: dict[str, str] = {}
+
+    def find(key: str) -> str:
+        while parent.setdefault(key, key) != key:
+            key = parent[key]
+        return key
+
+    keys_of = {}
+    here = str(Path(__file__).parent)
+    for item in items:
+        keys = []
+        info = getattr(item, "_fixtureinfo", None)
+        for name, defs in (info.name2fixturedefs.items() if info else ()):
+            d = defs[-1]
+            if d.scope not in ("session", "module") or not str(getattr(d.func, "__code__", None) and
+                                                               d.func.__code__.co_filename).startswith(here):
+                continue  # pytest's own (tmp_path_factory) and function-scoped fixtures are no one's to share
+            keys.append(f"fixture-{name}" if d.scope == "session" else f"module-{item.module.__name__}")
+        if item.get_closest_marker("gpu") is not None:
+            keys.append("gpu")
+        for key in keys[1:]:
+            parent[find(key)] = find(keys[0])
+        if keys:
+            keys_of[item] = keys[0]
+    return {item: find(key) for item, key in keys_of.items()}
 
 
 @pytest.fixture(autouse=True)
