@@ -41,12 +41,20 @@ SLOW_MODULES = {
 CLASS_GRADING_TIMEOUT = 1800
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "xdist_group(name): run on the same pytest-xdist worker as the group's other "
-                                       "tests (set by tests/conftest.py)")
+#: Test files that share what is made once, run on one pytest-xdist worker each (``./course test`` runs the suite on
+#: a worker per core): {file: its group}. Files that share a session's fixture are in one group (the class's grading
+#: run, the demo course's mixed class); a file with a module's fixture (a lab server, an installed environment) is
+#: a group of its own, as is the GPU suite (one GPU). The other tests go to whichever worker is free. Collection
+#: checks this table against the fixtures the tests use (``_groups``), so a new shared fixture cannot be made twice.
+FILE_GROUPS = {
+    "test_course_notebooks.py": "class", "test_judge.py": "class",
+    "test_grading_parallel.py": "demo-mix", "test_shards.py": "demo-mix",
+    **{name: name for name in ("test_browser.py", "test_data_parallel_torch_ddp.py", "test_gpu.py",
+                               "test_grading_matrix.py", "test_light_install.py", "test_message_catalog.py",
+                               "test_setup_script.py", "test_student_edition.py", "test_translations.py")},
+}
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
         module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
@@ -54,16 +62,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
         if "class_graded" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.timeout(CLASS_GRADING_TIMEOUT), append=False)
-    for item, group in _groups(items).items():
-        item.add_marker(pytest.mark.xdist_group(group))
+    for shared, tests in _groups(items).items():
+        files = {Path(str(t.fspath)).name for t in tests}
+        groups = {FILE_GROUPS.get(f) for f in files}
+        if len(groups) != 1 or None in groups:
+            raise pytest.UsageError(
+                f"tests/conftest.py: the tests of {sorted(files)} share {shared}, made once per run: put these files "
+                f"in one group of FILE_GROUPS (now {sorted(map(str, groups))}), so that one pytest-xdist worker runs "
+                "them all")
 
 
 def _groups(items) -> dict:
-    """{test: its group}: ``./course test`` runs the suite on several pytest-xdist workers (``--dist loadgroup``),
-    and what a test shares with others, made once, must be made once on one worker: tests that use one of this
-    suite's session fixtures (the class's grading run) run where that fixture's other tests do, tests that use a
-    module's fixture (a lab server, an installed environment) where that module's do, and the GPU suite on one
-    worker (one GPU). A test that shares two such things joins both groups into one."""
+    """{what is shared: the tests that share it}: tests that use one of this suite's session fixtures, or a module's
+    fixture, or the GPU; a test that shares two such things joins both groups into one."""
     parent: dict[str, str] = {}
 
     def find(key: str) -> str:
@@ -78,17 +89,41 @@ def _groups(items) -> dict:
         info = getattr(item, "_fixtureinfo", None)
         for name, defs in (info.name2fixturedefs.items() if info else ()):
             d = defs[-1]
-            if d.scope not in ("session", "module") or not str(getattr(d.func, "__code__", None) and
-                                                               d.func.__code__.co_filename).startswith(here):
+            code = getattr(d.func, "__code__", None)
+            if d.scope not in ("session", "module") or code is None or not code.co_filename.startswith(here):
                 continue  # pytest's own (tmp_path_factory) and function-scoped fixtures are no one's to share
-            keys.append(f"fixture-{name}" if d.scope == "session" else f"module-{item.module.__name__}")
+            keys.append(f"the session fixture {name}" if d.scope == "session" else
+                        f"the module fixture {name} of {item.module.__name__}")
         if item.get_closest_marker("gpu") is not None:
-            keys.append("gpu")
+            keys.append("the GPU")
         for key in keys[1:]:
             parent[find(key)] = find(keys[0])
         if keys:
             keys_of[item] = keys[0]
-    return {item: find(key) for item, key in keys_of.items()}
+    groups: dict[str, list] = {}
+    for item, key in keys_of.items():
+        groups.setdefault(find(key), []).append(item)
+    return groups
+
+
+try:
+    from xdist.scheduler import LoadGroupScheduling
+except ImportError:  # the GPU suite's wheelhouse runs without pytest-xdist
+    LoadGroupScheduling = None
+
+if LoadGroupScheduling is not None:
+    class _FileGroups(LoadGroupScheduling):
+        """``--dist loadgroup`` with FILE_GROUPS as the groups: each group's tests on one worker, every other test
+        a unit of its own. (pytest-xdist's own ``xdist_group`` marks name a group by rewriting the test's id, which
+        pytest 9.2's ids no longer take.) The groups with the most tests are handed out first."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return FILE_GROUPS.get(nodeid.split("::", 1)[0].rsplit("/", 1)[-1]) or super()._split_scope(nodeid)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_make_scheduler(config, log):
+        if config.getvalue("dist") == "loadgroup":
+            return _FileGroups(config, log)
 
 
 @pytest.fixture(autouse=True)
