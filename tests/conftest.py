@@ -16,7 +16,8 @@ sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 # without this variable, and no grading run sets it.
 os.environ.setdefault("LABSUPPORT_TEST_GRADER_IN_SANDBOX", "1")
 
-#: Modules whose tests are slow: real notebook kernels, nbgrader grading, or every check on real workers.
+#: Modules whose tests are slow: real notebook kernels, nbgrader grading, every check on real workers, or fork servers
+#: of their own (each imports torch).
 SLOW_MODULES = {
     "test_course_notebooks",
     "test_grading",
@@ -34,6 +35,7 @@ SLOW_MODULES = {
     "test_setup_script",
     "test_launch_process",
     "test_browser",
+    "test_shared_fork_server",
 }
 
 
