@@ -797,8 +797,6 @@ def test_a_stack_dump_read_too_early_is_not_taken_for_whole():
     assert not _dump_complete("", 0x7F0000000001)
 
 
-
-
 def test_a_one_thread_dump_is_read_as_the_main_threads():
     from labsupport._frames import dump_complete as _dump_complete, parse_faulthandler
 
