@@ -8,7 +8,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from .nbgrader_config import CELL_TIMEOUT
+from ._quick_start import skip_iri_grammars
+
+skip_iri_grammars()  # before anything loads nbformat
+
+from .nbgrader_config import CELL_TIMEOUT  # noqa: E402
 
 
 def _add_course(parser: argparse.ArgumentParser) -> None:

@@ -2,10 +2,13 @@
 (the fork server started at import time is what imports torch, in the background)."""
 
 import ast
+import importlib.metadata
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 import labsupport
 
@@ -103,3 +106,30 @@ def test_import_labsupport_does_not_import_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
+
+
+IRI_PROBE = """
+import sys
+{before}
+import nbformat
+nbformat.validate(nbformat.read(sys.argv[1], as_version=4))
+module = sys.modules.get("rfc3987_syntax")
+print("parsers built" if module is not None else "left out")
+"""
+
+
+def test_the_graders_command_line_reads_notebooks_without_building_the_iri_parsers():
+    """``python -m autograder`` starts without ``rfc3987_syntax`` (see ``autograder/_quick_start.py``) and still
+    validates a notebook; the same process without it builds the parsers, so the probe sees the difference."""
+    try:  # this process has it left out (tests/conftest.py): ask pip's records
+        importlib.metadata.distribution("rfc3987-syntax")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("rfc3987_syntax is not installed here: jsonschema has nothing to import")
+    notebook = str(PACKAGE.parent / "notebooks" / "00_launch" / "00_launch.ipynb")
+    seen = {}
+    for name, before in (("plain", ""), ("grader", "import autograder.__main__")):
+        out = subprocess.run([sys.executable, "-c", IRI_PROBE.format(before=before), notebook], capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        seen[name] = out.stdout.strip()
+    assert seen == {"plain": "parsers built", "grader": "left out"}, seen
