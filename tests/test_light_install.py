@@ -84,8 +84,10 @@ def _pip_names(python: Path, env: dict) -> set[str]:
 
 
 def _pip(python: Path, env: dict, *args: str, timeout: float = 900) -> None:
-    proc = subprocess.run([str(python), "-m", "pip", "install", "--quiet", *args], env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    # --no-compile: pip would compile every module of torch and its dependencies (half a minute); the notebooks'
+    # processes compile the few they import, as Python always does where there is no bytecode yet
+    proc = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-compile", *args], env=env,
+                          capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"pip install {' '.join(args)}:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
 
 
