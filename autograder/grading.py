@@ -7,11 +7,12 @@ Flow:
 2. ``build_course_dir`` makes a template nbgrader course (release + gradebook) in a temporary directory.
 3. One fork server, started before the template (``judge.SharedServer``), serves every kernel and judge of the
    run: each would otherwise import torch into a server of its own. ``--jobs N`` worker processes copy the
-   template into their own course directory and gradebook and take submissions one at a time: parse, compare with the release (``tamper.repair``), screen the student's cells
-   (``screen``: flags for review), hand the student's cells to a judge process (``judge.py``, started by the
-   grader, never by the kernel), ``nbgrader autograde`` through the Python API with our guarded ``Execute``
-   preprocessor while the judge works, take the points from the judge (a test where the kernel's run and the
-   judge's differ is flagged), write the feedback page.
+   template into their own course directory and gradebook and take submissions one at a time: parse, compare
+   with the release (``tamper.repair``), screen the student's cells (``screen``: flags for review), hand the
+   student's cells to a judge process (``judge.py``, started by the grader, never by the kernel), ``nbgrader
+   autograde`` through the Python API with our guarded ``Execute`` preprocessor while the judge works, take the
+   points from the judge (a test where the kernel's run and the judge's differ is flagged), write the feedback
+   page.
 4. The parent merges all results into one gradebook, writes ``grades.csv`` and prints a summary with the flagged
    notebooks. ``--shard K/N`` grades one slice of the students; ``shards.merge`` joins the slices' outputs.
 
