@@ -9,7 +9,7 @@ never a CUDA build; when that fails, set-up stops and says how to go on.
 
 import base64
 import hashlib
-import importlib.util
+import importlib.machinery
 import os
 import re
 import shutil
@@ -87,7 +87,8 @@ class Env:
         self.env = {}
         self.site = Path(self.run("import sysconfig; print(sysconfig.get_paths()['purelib'])"))
         for module in ("pip", "setuptools", "_distutils_hack", "pkg_resources"):
-            spec = importlib.util.find_spec(module)
+            # found on sys.path, past setuptools' hook for "pip", which would drop an imported distutils (warning)
+            spec = importlib.machinery.PathFinder.find_spec(module)
             if spec is None or not spec.submodule_search_locations:
                 assert module not in ("pip", "setuptools"), f"the tests need {module}"
                 continue
