@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 
+from .._ports import free_port
 from ..display import shorten
+from ..i18n import _
 
 __all__ = ["plot_rank_layout", "torchrun_two_fake_nodes", "TORCHRUN_SCRIPT"]
 
@@ -131,40 +135,103 @@ if __name__ == "__main__":
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _agent_error(err: str) -> str:
+    """What a failed agent wrote, kept short: a worker's own error comes first, the agent's summary of it last."""
+    if len(err) <= 2400:
+        return err
+    return shorten(err, 1600) + "\n" + shorten(err[1600:], 800, end=True)
+
+
+def _first_error(err: str) -> str | None:
+    """The line that says what went wrong first: the first line that is not one of torch's own log lines
+    (``E1127 12:00:00 ...``), or, where that starts a traceback, the traceback's exception."""
+    lines = err.splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip() or re.match(r"\[?[EWIF]\d{4} ", line.strip()):
+            continue
+        if line.startswith("Traceback (most recent call last)"):
+            line = next((ln for ln in lines[i + 1:] if ln.strip() and not ln.startswith((" ", "\t"))), line)
+        return line.strip()[:200]
+    return None
 
 
 def torchrun_two_fake_nodes(nproc_per_node: int = 2, timeout: float = 180) -> list:
     """Start two torchrun agents on this machine, as node 0 and node 1 of one job (printing their command
-    lines), run ``TORCHRUN_SCRIPT`` in every worker, and return what each worker saw, in rank order."""
+    lines), run ``TORCHRUN_SCRIPT`` in every worker, and return what each worker saw, in rank order.
+
+    On a busy machine gloo's connections between the two nodes' workers now and then fail as the job starts
+    ("Connection closed by peer"): the first agent that fails ends the job, which is then started once more, on a
+    new port; a second failure, or a job still running after ``timeout`` seconds, raises ``RuntimeError`` with what
+    the failing agent and its workers wrote."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     loopback = [name for _, name in socket.if_nameindex() if name in ("lo", "lo0")]
     if loopback:
         env.setdefault("GLOO_SOCKET_IFNAME", loopback[0])
+    for attempt in (1, 2):
+        try:
+            return _two_nodes(env, nproc_per_node, timeout)
+        except _JobFailed as exc:
+            if attempt == 2 or exc.late:  # a job that ran out of time is not started again
+                raise RuntimeError(str(exc)) from None
+            print(_("(the job did not start: {cause}; starting it once more)").format(cause=exc.first_line))
+
+
+class _JobFailed(Exception):
+    def __init__(self, text: str, first_line: str, late: bool):
+        super().__init__(text)
+        self.first_line, self.late = first_line, late
+
+
+def _two_nodes(env: dict, nproc_per_node: int, timeout: float) -> list:
     seen = []
     with tempfile.TemporaryDirectory(prefix="torchrun-demo-") as workdir:
-        env["TMPDIR"] = workdir   # the agents' own temporary files (their log folders) go with it
+        env = dict(env, TMPDIR=workdir)   # the agents' own temporary files (their log folders) go with it
         with open(os.path.join(workdir, "show_env.py"), "w") as fh:
             fh.write(TORCHRUN_SCRIPT)
-        port, agents = _free_port(), []
+        port, agents = free_port(), []   # one no other process is handed meanwhile
+        logs = [(os.path.join(workdir, f"node{n}.out"), os.path.join(workdir, f"node{n}.err")) for n in (0, 1)]
         try:
             for node_rank in (0, 1):
                 args = ["--nnodes", "2", "--nproc_per_node", str(nproc_per_node), "--node_rank", str(node_rank),
                         "--master_addr", "127.0.0.1", "--master_port", str(port), "show_env.py"]
                 print("$ torchrun " + " ".join(args))
-                agents.append(subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *args], cwd=workdir,
-                                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-            for agent in agents:
-                out, err = agent.communicate(timeout=timeout)
-                if agent.returncode != 0:
-                    raise RuntimeError(f"torchrun exited with {agent.returncode}:\n{shorten(err, 2000, end=True)}")
-                seen += [json.loads(line[4:]) for line in out.splitlines() if line.startswith("ENV ")]
+                with open(logs[node_rank][0], "w") as out, open(logs[node_rank][1], "w") as err:
+                    agents.append(subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *args],
+                                                   cwd=workdir, env=env, stdout=out, stderr=err, text=True))
+            deadline, failed, late = time.monotonic() + timeout, None, False
+            while any(agent.poll() is None for agent in agents):
+                failed = next((agent for agent in agents if agent.returncode), None)
+                if failed is not None:  # one agent failed: the job is over
+                    break
+                if time.monotonic() > deadline:
+                    failed, late = next(agent for agent in agents if agent.returncode is None), True
+                    break
+                time.sleep(0.1)
+            failed = failed or next((agent for agent in agents if agent.returncode), None)
+            _stop(agents)
+            if failed is not None:
+                with open(logs[agents.index(failed)][1]) as fh:
+                    err = fh.read()
+                what = f"torchrun did not finish within {timeout:g} s" if late else \
+                    f"torchrun exited with {failed.returncode}"
+                raise _JobFailed(f"{what}:\n{_agent_error(err)}", _first_error(err) or what, late)
+            for out, _ in logs:
+                with open(out) as fh:
+                    seen += [json.loads(line[4:]) for line in fh if line.startswith("ENV ")]
         finally:
-            for agent in agents:
-                if agent.poll() is None:
-                    agent.kill()
-                    agent.wait()
+            _stop(agents)
     return sorted(seen, key=lambda e: int(e["RANK"]))
+
+
+def _stop(agents, wait: float = 10) -> None:
+    """Stop the agents still running: SIGTERM first, on which an agent stops its workers (each leads a session of
+    its own, which no signal to the agent reaches), then SIGKILL after ``wait`` seconds."""
+    for agent in agents:
+        if agent.poll() is None:
+            agent.terminate()
+    for agent in agents:
+        try:
+            agent.wait(wait)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+            agent.wait()
