@@ -20,7 +20,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
+
+from labsupport._ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 RELEASE = ROOT / "notebooks" / "00_launch" / "00_launch.ipynb"
@@ -60,12 +61,6 @@ CRASH = (
     "labsupport.run(broken_step, world_size=2)"
 )
 RECOVERY = "labsupport.run(lambda: 10 * dist.get_rank(), world_size=2)"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _descendants(pid: int) -> list:
@@ -129,7 +124,7 @@ def lab_zh(tmp_path_factory):
 
 def _serve(tmp: Path, root: Path, config_path=()):
     """Serve ``root`` (the lab's dict) until the generator is closed; ``config_path``: JUPYTER_CONFIG_PATH."""
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp / "runtime"), IPYTHONDIR=str(tmp / "ipython"))
     env.pop("NBGRADER_VALIDATING", None)
     if config_path:

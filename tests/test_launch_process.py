@@ -208,7 +208,7 @@ def test_stray_torchrun_variables_fail_within_the_timeout(tmp_path):
 
     The process group is asked to wait the call's 1 s (torch's default, 30 minutes, would outlast this test's 120 s
     and fail it), and it did wait for the other rank that long: no earlier than 1 s, a bound load cannot break."""
-    import socket
+    from labsupport._ports import free_port
 
     script = _script(
         tmp_path,
@@ -224,9 +224,7 @@ def test_stray_torchrun_variables_fail_within_the_timeout(tmp_path):
             print("ERROR", time.monotonic() - start, asked, exc, flush=True)
         """,
     )
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = dict(os.environ, RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     env.pop("TORCHELASTIC_RUN_ID", None)
     out = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120, env=env)
@@ -411,7 +409,7 @@ def test_kernel_interrupt_during_a_run(tmp_path):
 
 def test_same_script_runs_under_srun_environment(tmp_path):
     """What srun sets (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID) is turned into RANK & co."""
-    import socket
+    from labsupport._ports import free_port
 
     script = _script(
         tmp_path,
@@ -424,9 +422,7 @@ def test_same_script_runs_under_srun_environment(tmp_path):
         print("RESULT", labsupport.run(work, world_size=2), flush=True)
         """,
     )
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     procs = []
     for rank in range(2):
         env = dict(os.environ, SLURM_PROCID=str(rank), SLURM_NTASKS="2", SLURM_LOCALID="0", SLURM_NODEID=str(rank),

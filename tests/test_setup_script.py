@@ -372,12 +372,11 @@ def _lab_defaults(tmp_path: Path, config_path) -> dict:
     (None: unset) serves them through its settings API, with no user settings: what the page acts on. The news
     pop-up shows when ``fetchNews`` is "none"."""
     import json
-    import socket
     import urllib.request
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    from labsupport._ports import free_port
+
+    port = free_port()
     home = tmp_path / f"lab-{port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTER")}
     env.update(JUPYTER_CONFIG_DIR=str(home / "config"), JUPYTER_DATA_DIR=str(home / "data"),
