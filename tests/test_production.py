@@ -257,7 +257,8 @@ def test_torchrun_leaves_no_folder_of_its_agent(tmp_path, monkeypatch):
     """torchrun's agent makes a log folder in the temporary folder for every run (``torchelastic_*``); the lesson's
     ``torchrun`` gives it one of its own, removed afterwards."""
     script = tmp_path / "hello.py"
-    script.write_text("import os\nprint('rank', os.environ['RANK'])\n")
+    # one write per line: the ranks share the agent's output, and print() may write a line in pieces that interleave
+    script.write_text("import os\nos.write(1, f\"rank {os.environ['RANK']}\\n\".encode())\n")
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     monkeypatch.setenv("TMPDIR", str(tmp))
