@@ -6,9 +6,11 @@ that the interrupt, not a time-out, ended the call; their waits for processes to
 """
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -155,7 +157,12 @@ def test_nothing_survives_a_killed_kernel(tmp_path):
         labsupport.run(deadlock, world_size=3, timeout=300)
         """,
     )
-    proc = subprocess.Popen([sys.executable, script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # this test's own temporary folder (short: the fork server's socket lives there): in the machine's, any other
+    # process's pool that starts meanwhile removes the dead kernel's folder before the next kernel is asked to
+    tmp = tempfile.mkdtemp(prefix="lk-")
+    env = dict(os.environ, TMPDIR=tmp)
+    proc = subprocess.Popen([sys.executable, script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
     try:
         line = proc.stdout.readline()
         assert line.startswith("PIDS"), line + proc.stderr.read()
@@ -171,9 +178,10 @@ def test_nothing_survives_a_killed_kernel(tmp_path):
         proc.kill()
     # what the next kernel's pool does first when it starts (run() calls it; without torch, this takes a moment)
     again = _script(tmp_path, "import shutil\nfrom labsupport import _pool\nshutil.rmtree(_pool._make_tmpdir())\n")
-    out = subprocess.run([sys.executable, again], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, again], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     assert not os.path.exists(tmpdir)  # ...until the next kernel started its pool
+    shutil.rmtree(tmp)
 
 
 def test_same_script_runs_under_torchrun(tmp_path):
@@ -557,8 +565,6 @@ def test_nothing_left_in_tmp_after_a_killed_kernel_or_a_shutdown(tmp_path):
     A normal shutdown (closing the notebook, restarting the kernel, nbclient's end of a run) ends the kernel by
     itself: it is not terminated or killed by jupyter_client, which would happen if its workers, fork server and
     resource tracker were left for ipykernel to chase (about 30 s) and skip the kernel's own clean-up."""
-    import shutil
-    import tempfile
     from pathlib import Path
 
     # this test's own /tmp (short: the fork server's socket lives there), so that other processes' files cannot
