@@ -133,26 +133,15 @@ if LoadGroupScheduling is not None:
             return _FileGroups(config, log)
 
 
-#: the most pytest-xdist workers a whole run is split over (the class's grading, the longest group, sets the pace)
-MAX_WORKERS = 4
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
-    """The whole suite, or a selection of it by marker or keyword (``./course test``, ``./course test -m "not
-    slow"``), runs on a pytest-xdist worker per core (at most ``MAX_WORKERS``; ``--dist loadgroup``: a group of
-    FILE_GROUPS on one worker). Serial, as pytest runs by default: a run of named files or tests, one machine core,
-    ``-n`` given (``-n 0`` for one process), ``-s``, ``--pdb``, ``--trace`` or ``--collect-only``. Before
-    pytest-xdist's own hook, which turns ``-n`` into its workers; never in a worker itself."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if (LoadGroupScheduling is None or getattr(config.option, "numprocesses", 0) is not None
-            or hasattr(config, "workerinput") or "PYTEST_XDIST_WORKER" in os.environ
-            or config.args_source != pytest.Config.ArgsSource.TESTPATHS or cores < 2
-            or config.getoption("capture") == "no" or config.getoption("usepdb") or config.getoption("trace")
-            or config.getoption("collectonly")):
-        return
-    config.option.numprocesses = min(cores, MAX_WORKERS)
-    config.option.dist = "loadgroup"
+    """``-n N`` (``./course test -n 2``) splits the run over N pytest-xdist workers with ``--dist loadgroup``, so that
+    each group of FILE_GROUPS stays on one worker (pytest-xdist's own default, ``--dist load``, would make what the
+    group shares once per worker). Before pytest-xdist's own hook, which turns ``-n`` into its workers. The suite
+    runs in one process by default: split on a busy two-core machine, its processes wait longer on each other."""
+    if (LoadGroupScheduling is not None and getattr(config.option, "numprocesses", None)
+            and config.option.dist == "no" and not getattr(config.option, "distload", False)):
+        config.option.dist = "loadgroup"
 
 
 @pytest.fixture(autouse=True)
