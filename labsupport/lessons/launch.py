@@ -215,8 +215,8 @@ def _two_nodes(env: dict, nproc_per_node: int, timeout: float) -> list:
                 what = f"torchrun did not finish within {timeout:g} s" if late else \
                     f"torchrun exited with {failed.returncode}"
                 raise _JobFailed(f"{what}:\n{_agent_error(err)}", _first_error(err) or what, late)
-            for out, _ in logs:
-                with open(out) as fh:
+            for out_log, _err_log in logs:
+                with open(out_log) as fh:
                     seen += [json.loads(line[4:]) for line in fh if line.startswith("ENV ")]
         finally:
             _stop(agents)
