@@ -284,7 +284,11 @@ _LAB_MODULES = {"nbformat", "nbgrader", "nbclient", "nbconvert", "jupyter_client
 def _stop_on_sigterm() -> None:
     """SIGTERM (``kill``, ``scancel``, a job's time limit) stops grading as Ctrl-C does: every process the run
     started is stopped and every temporary file removed (a SIGKILL a moment later leaves the files in $TMPDIR)."""
+    import faulthandler
     import signal
+
+    # a run that seems stuck can be asked where it is: kill -USR1 PID writes every thread's stack to stderr
+    faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
 
     def stop(signum, frame):
         global _TERMINATED

@@ -35,6 +35,20 @@ def _workers_running(scratch: Path) -> bool:
     return count >= 2
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _still_running(procs) -> str:
+    lines = []
+    for proc in procs:
+        try:
+            lines.append(f"  {proc.pid} {proc.status()}: {' '.join(proc.cmdline())[:200]}")
+        except psutil.Error:
+            pass
+    return "\n".join(lines) or "  nothing"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
@@ -50,11 +64,17 @@ def test_an_interrupted_grading_leaves_nothing(tmp_path, how):
     scratch.mkdir()
     env = dict(os.environ, TMPDIR=str(scratch),
                PYTHONPATH=os.pathsep.join(filter(None, [str(demo.REPO), os.environ.get("PYTHONPATH")])))
-    grader = subprocess.Popen(
-        [sys.executable, "-m", "autograder", "grade", str(tmp_path / "subs"), "--out", str(tmp_path / "out"),
-         "--course", str(demo.COURSE), "--jobs", "2"],
-        cwd=demo.REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True)  # its own process group, as a command typed in a terminal
+    # its output goes to files: a pipe would also wait for every process that inherited it, and so could not tell
+    # a grader that does not end from one that left something running
+    out_file, err_file = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    with open(out_file, "w") as out_fh, open(err_file, "w") as err_fh:
+        grader = subprocess.Popen(
+            [sys.executable, "-m", "autograder", "grade", str(tmp_path / "subs"), "--out", str(tmp_path / "out"),
+             "--course", str(demo.COURSE), "--jobs", "2"],
+            cwd=demo.REPO, env=env, stdout=out_fh, stderr=err_fh,
+            # its own process group, as a command typed in a terminal, which takes Ctrl-C (a suite started in the
+            # background by a shell has SIGINT ignored, and Python keeps an ignored SIGINT ignored)
+            start_new_session=True, preexec_fn=_default_sigint)
     try:
         deadline = time.monotonic() + 180
         while not _workers_running(scratch) and time.monotonic() < deadline and grader.poll() is None:
@@ -66,11 +86,18 @@ def test_an_interrupted_grading_leaves_nothing(tmp_path, how):
             os.killpg(grader.pid, signal.SIGINT)
         else:
             grader.send_signal(signal.SIGTERM)
-        out, err = grader.communicate(timeout=60)
+        try:
+            grader.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            grader.send_signal(signal.SIGUSR1)  # the grader writes where each of its threads is
+            time.sleep(2)
+            pytest.fail(f"the grader had not ended 60 s after {how}: where it was, then what ran below it:\n"
+                        f"{err_file.read_text()}\n{_still_running(tree)}")
     finally:
         if grader.poll() is None:
             os.killpg(grader.pid, signal.SIGKILL)
             grader.wait()
+    out, err = out_file.read_text(), err_file.read_text()
     assert grader.returncode == (130 if how == "ctrl-c" else 143), (grader.returncode, out, err)
     assert "interrupted" in err
     gone, alive = psutil.wait_procs(tree, timeout=60)  # returns as soon as they are gone
