@@ -501,15 +501,17 @@ INTERRUPT_AT_START_UP = """
 #: A notebook kernel as the fork server sees it: labsupport imported (the server starts in the background), an
 #: interrupt of its process group lived through, a first run, a shutdown.
 INTERRUPTED_START = """
-    import signal
+    import os, signal
     signal.signal(signal.SIGINT, lambda *a: None)  # a kernel lives on after an interrupt
-    import labsupport._forkserver as fs
+    import labsupport._forkserver as fs  # LABSUPPORT_EARLY_START=0: nothing starts before the preload is patched
     preload = fs._preload
     if {where!r} == "before the preload":
         fs._preload = lambda: ["interrupt_here"] + preload()
     elif {where!r} == "after torch":
         fs._preload = lambda: preload() + ["interrupt_here"]
-    import labsupport  # LABSUPPORT_EARLY_START=1: the fork server starts in the background
+    import labsupport
+    os.environ["LABSUPPORT_EARLY_START"] = "1"
+    labsupport._pool.start_early()  # what importing labsupport does in a kernel: the server starts in the background
     blocked = labsupport.run(lambda: signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []), world_size=1)
     labsupport.shutdown()
     print("SIGINT blocked in the worker:", blocked)
@@ -526,7 +528,7 @@ def test_fork_server_interrupted_while_it_starts_prints_nothing(tmp_path, where)
     (folder / "interrupt_here.py").write_text(textwrap.dedent(INTERRUPT_HERE))
     if where == "in the interpreter's start-up":
         (folder / "sitecustomize.py").write_text(textwrap.dedent(INTERRUPT_AT_START_UP))
-    env = dict(os.environ, LABSUPPORT_EARLY_START="1", INTERRUPT_DIR=str(folder),
+    env = dict(os.environ, LABSUPPORT_EARLY_START="0", INTERRUPT_DIR=str(folder),
                PYTHONPATH=os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")])))
     proc = subprocess.run([sys.executable, _script(tmp_path, INTERRUPTED_START.format(where=where))], env=env,
                           capture_output=True, text=True, timeout=240, start_new_session=True)
