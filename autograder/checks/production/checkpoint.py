@@ -164,6 +164,8 @@ def _checkpoint_plan(seed: int):
     second_dtype = rng.choice({"float32": ["bfloat16", "float16"], "float64": ["float32", "bfloat16"]}[dtype])
     elt = 4 if dtype == "float32" else 8
     numel = rng.randint(3 << 20, 4 << 20) // elt * 4 + rng.choice([1, 3, 5, 7])  # about 12-16 MB, never even
+    while numel % 3 == 0 or numel % 5 == 0:  # and split unevenly on every world size drawn (2 to 5): each plain
+        numel += 2  # load then shows a wrong split of the parameter itself, before the crash trials
     first = rng.choice([2, 3])
     # the first load on 4 or 5 ranks: a shard is then at most a quarter of the parameter, so building the whole
     # parameter shows clearly in the peak memory
