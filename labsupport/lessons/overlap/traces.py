@@ -113,6 +113,10 @@ def ddp_step_traced(width: int = 256, depth: int = 8, batch: int = 64, bucket_mb
                 loss = ddp(x).pow(2).mean()
             with tl.span("backward"), record_function("backward"):
                 loss.backward()
+        # backward returns once each bucket's all-reduce has its result, while gloo's thread may still be closing
+        # that all-reduce's profiler record; gloo starts a barrier only after every earlier collective has ended
+        # whole, so the profiler never stops in the middle of a record
+        dist.barrier()
     return {"trace": profiler_events(prof), "events": tl.events,
             "hidden_timeline": Timeline.hidden_fraction(tl.events, names_b={"backward"})}
 
