@@ -7,6 +7,13 @@ import os
 import re
 
 
+#: Lines with which native code says the process is ending: Python's fatal error, a C++ exception no one caught,
+#: glibc's abort on a corrupted heap or a smashed stack, a C assert, and a glog fatal check (``F1202 10:00:00.1 ...``)
+_ENDING = re.compile(r"Fatal Python error|terminate called|\*\*\* (?!Check failure).+ \*\*\*|double free|"
+                     r"free\(\)|malloc\(\)|realloc\(\)|munmap_chunk\(\)|corrupted |.*: Assertion `.*' failed|"
+                     r"F\d{4} \d\d:\d\d:\d\d")
+
+
 def native_log(stack_file: str) -> str:
     """The file a worker's native stderr goes to, next to its stack file."""
     folder, name = os.path.split(stack_file)
@@ -14,8 +21,8 @@ def native_log(stack_file: str) -> str:
 
 
 def native_error(stack_file: str, limit: int = 300) -> str | None:
-    """The last error native code wrote before the worker died: a C++ exception's ``what()``, else a "Fatal Python
-    error" or "terminate called" line; None when it wrote neither.
+    """The last error native code wrote before the worker died: a C++ exception's ``what()``, else a line that says
+    the process is ending (``_ENDING``); None when it wrote neither.
     Source paths of the build machine are dropped (``[enforce fail at /__w/.../pair.cc:456] ``)."""
     try:
         with open(native_log(stack_file), "rb") as fh:
@@ -31,9 +38,10 @@ def native_error(stack_file: str, limit: int = 300) -> str | None:
             rest = line.split("what():", 1)[1].strip()
             found.append(rest or (lines[i + 1] if i + 1 < len(lines) else ""))
     # no what(): only lines that say a process is ending, never a stray warning of an earlier moment
-    found = found or [line for line in lines if line.startswith(("Fatal Python error", "terminate called"))]
+    found = found or [line for line in lines if _ENDING.match(line)]
     message = (found or [None])[-1]
     if not message:
         return None
     message = re.sub(r"^\[(enforce fail )?at [^\]]*\]\s*", "", message)
+    message = re.sub(r"^F\d{4} [\d:.]+\s+\d+ [^\]]*\]\s*", "", message)  # a glog line's time, thread and place
     return message if len(message) <= limit else message[: limit - 3] + "..."

@@ -1086,6 +1086,12 @@ def test_folder_of_a_dead_kernel_is_removed_by_the_next_pool():
      "  what():  [enforce fail at /__w/x/pair.cc:456] a <= b. 8 vs 0. Is there a mismatch?\n", "a <= b. 8 vs 0. Is there a mismatch?"),
     ("terminate called after throwing an instance of 'c10::Error'\n  what():  \nthe reason\n", "the reason"),
     ("Fatal Python error: Aborted\n\nCurrent thread 0x1 (most recent call first):\n", "Fatal Python error: Aborted"),
+    ("free(): invalid pointer\n", "free(): invalid pointer"),
+    ("double free or corruption (out)\n", "double free or corruption (out)"),
+    ("*** stack smashing detected ***: terminated\n", "*** stack smashing detected ***: terminated"),
+    ("python3: ring.c:7: step: Assertion `n > 0' failed.\n", "python3: ring.c:7: step: Assertion `n > 0' failed."),
+    ("F1202 05:31:53.123456  4242 logger.cpp:99] Check failed: started\n*** Check failure stack trace: ***\n",
+     "Check failed: started"),
     ("[W1125 pg.cpp:12] Warning: a warning of an earlier moment\n", None),
     ("", None),
 ])
