@@ -67,13 +67,11 @@ def test_activations_through_files_fail():
     assert "raised PermissionError" in text, text
 
 
-def test_activations_through_files_fail_on_the_bytes_carried_where_no_sandbox_runs(monkeypatch):
+def test_activations_through_files_fail_on_the_bytes_carried_where_no_sandbox_runs(monkeypatch, tmp_path):
     """Without a sandbox (LABSUPPORT_SANDBOX=0: the function runs in the worker) the files work, so the check's own
     record of what crossed decides: one value per micro-batch is not an activation."""
-    import tempfile
-
     monkeypatch.setenv("LABSUPPORT_SANDBOX", "0")
-    folder = f"{tempfile.gettempdir()}/pipeline-files-no-sandbox"   # the workers' temporary folder, shared
+    folder = str(tmp_path / "pipeline-files")   # every rank's worker reads and writes it (no sandbox), removed after
     with pytest.raises(AssertionError) as info:
         check_run_pipeline(functools.partial(run_through_files, folder=folder, decoy_numel=1), world_sizes=(3,))
     text = str(info.value)
