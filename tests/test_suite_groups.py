@@ -1,6 +1,7 @@
 """The suite split over pytest-xdist workers (``-n 2 --dist loadgroup``) keeps each group of ``FILE_GROUPS``
 (``tests/conftest.py``) on one worker, so what its tests share is made once; the other tests go to either."""
 
+import os
 import re
 import subprocess
 import sys
@@ -51,3 +52,21 @@ def test_a_shared_fixture_outside_the_groups_stops_the_collection(tmp_path):
     assert proc.returncode != 0
     assert "test_new_lab.py" in proc.stdout + proc.stderr and "FILE_GROUPS" in proc.stdout + proc.stderr, \
         proc.stdout + proc.stderr
+
+
+@pytest.mark.skipif(Path(sys.prefix).resolve() != (ROOT / ".venv").resolve(),
+                    reason="runs ./course test, which uses the course's .venv: this suite runs in another Python")
+def test_course_test_splits_over_two_processes_unless_told_otherwise():
+    """``./course test`` runs the suite in two pytest processes on two cores or more; ``-n 0`` runs it in one."""
+    pytest.importorskip("xdist")
+
+    def run(*args):
+        proc = subprocess.run(["bash", str(ROOT / "course"), "test", "-p", "no:cacheprovider", *args,
+                               "tests/test_tap.py", "-k", "needs_no_process_group"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc.stdout
+
+    split = (os.cpu_count() or 1) >= 2
+    assert ("created: 2/2 workers" in run()) == split
+    assert "workers" not in run("-n", "0")
