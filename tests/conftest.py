@@ -49,7 +49,7 @@ CLASS_GRADING_TIMEOUT = 1800
 
 
 #: Test files that share what is made once, run on one pytest-xdist worker each (``./course test`` runs the suite on
-#: a worker per core): {file: its group}. Files that share a session's fixture are in one group (the class's grading
+#: two workers where there are two cores or more): {file: its group}. Files that share a session's fixture are in one group (the class's grading
 #: run, the demo course's mixed class); a file with a module's fixture (a lab server, an installed environment) is
 #: a group of its own, as is the GPU suite (one GPU). The other tests go to whichever worker is free. Collection
 #: checks this table against the fixtures the tests use (``_groups``), so a new shared fixture cannot be made twice.
@@ -137,8 +137,8 @@ if LoadGroupScheduling is not None:
 def pytest_cmdline_main(config):
     """``-n N`` (``./course test -n 2``) splits the run over N pytest-xdist workers with ``--dist loadgroup``, so that
     each group of FILE_GROUPS stays on one worker (pytest-xdist's own default, ``--dist load``, would make what the
-    group shares once per worker). Before pytest-xdist's own hook, which turns ``-n`` into its workers. The suite
-    runs in one process by default: split on a busy two-core machine, its processes wait longer on each other."""
+    group shares once per worker). Before pytest-xdist's own hook, which turns ``-n`` into its workers.
+    ``./course test`` gives ``-n 2`` where there are two cores or more, unless its arguments say otherwise."""
     if (LoadGroupScheduling is not None and getattr(config.option, "numprocesses", None)
             and config.option.dist == "no" and not getattr(config.option, "distload", False)):
         config.option.dist = "loadgroup"
