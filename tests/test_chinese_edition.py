@@ -270,13 +270,13 @@ def test_course_lab_lang_zh_opens_the_chinese_notebooks_in_a_chinese_lab(tmp_pat
 
 
 @pytest.mark.slow   # nbgrader, or JupyterLab's server
-def test_the_chinese_labs_settings_select_the_installed_language_pack():
+def test_the_chinese_labs_settings_select_the_installed_language_pack(tmp_path):
     """JupyterLab started as ``./course lab --lang zh`` starts it (``jupyter-config/zh`` before ``jupyter-config``)
     defaults to the zh_CN interface, keeps the course's other defaults, and has that language pack."""
-    code = ("import json, tempfile\n"
+    code = ("import json\n"
             "from jupyterlab_server.settings_utils import _get_overrides\n"
             "from jupyterlab_server.translation_utils import get_language_packs\n"
-            "overrides, _ = _get_overrides(tempfile.mkdtemp())\n"
+            f"overrides, _ = _get_overrides({str(tmp_path)!r})\n"
             "print(json.dumps({'overrides': overrides, 'packs': sorted(get_language_packs('en')[0])}))\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTER")}
     env["JUPYTER_CONFIG_PATH"] = f"{REPO / 'jupyter-config' / 'zh'}:{REPO / 'jupyter-config'}"

@@ -197,7 +197,8 @@ def test_same_script_runs_under_torchrun(tmp_path):
         print(f"RANK {os.environ['RANK']} RESULTS {results} DEVICE {labsupport.device()}", flush=True)
         """,
     )
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    (tmp_path / "tmp").mkdir()   # the agent's log folders (torchelastic_*), removed with the test's folder
+    env = dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(tmp_path / "tmp"))
     out = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", script],
         capture_output=True,
