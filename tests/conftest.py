@@ -144,6 +144,33 @@ def pytest_cmdline_main(config):
         config.option.dist = "loadgroup"
 
 
+def pytest_sessionstart(session):
+    if not hasattr(session.config, "workerinput"):  # the run's own process, not a pytest-xdist worker
+        session.config.stash[_TMP_BEFORE] = set(os.listdir(_tmp()))
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """What the run left in the temporary folder, by name: a test's files belong in its own folder (``tmp_path``),
+    and the course's own leave none behind. pytest's own folder of past runs is kept by design."""
+    before = config.stash.get(_TMP_BEFORE, None)
+    if before is None:
+        return
+    left = sorted(name for name in set(os.listdir(_tmp())) - before if not name.startswith("pytest-of-"))
+    if left:
+        terminalreporter.write_sep("=", f"left in {_tmp()} by this run (or by another process meanwhile)",
+                                   yellow=True)
+        terminalreporter.write_line(", ".join(left))
+
+
+def _tmp() -> str:
+    import tempfile
+
+    return tempfile.gettempdir()
+
+
+_TMP_BEFORE = pytest.StashKey[set]()
+
+
 @pytest.fixture(autouse=True)
 def _gpus_for_the_gpu_suite_only(request, monkeypatch):
     """Outside the GPU suite, no GPU: with one, backend "auto" would give one-rank runs NCCL on cuda:0, where the
