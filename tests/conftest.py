@@ -5,6 +5,7 @@ without (``CUDA_VISIBLE_DEVICES=""``), as the CPU tests it is."""
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -49,10 +50,11 @@ CLASS_GRADING_TIMEOUT = 1800
 
 
 #: Test files that share what is made once, run on one pytest-xdist worker each (``./course test`` runs the suite on
-#: two workers where there are two cores or more): {file: its group}. Files that share a session's fixture are in one group (the class's grading
-#: run, the demo course's mixed class); a file with a module's fixture (a lab server, an installed environment) is
-#: a group of its own, as is the GPU suite (one GPU). The other tests go to whichever worker is free. Collection
-#: checks this table against the fixtures the tests use (``_groups``), so a new shared fixture cannot be made twice.
+#: two workers where there are two cores or more): {file: its group}. Files that share a session's fixture are in one
+#: group (the class's grading run, the demo course's mixed class); a file with a module's fixture (a lab server, an
+#: installed environment) is a group of its own, as is the GPU suite (one GPU). The other tests go to whichever worker
+#: is free. Collection checks this table against the fixtures the tests use (``_groups``), so a new shared fixture
+#: cannot be made twice.
 FILE_GROUPS = {
     "test_course_notebooks.py": "class", "test_judge.py": "class",
     "test_grading_parallel.py": "demo-mix", "test_shards.py": "demo-mix",
@@ -146,7 +148,7 @@ def pytest_cmdline_main(config):
 
 def pytest_sessionstart(session):
     if not hasattr(session.config, "workerinput"):  # the run's own process, not a pytest-xdist worker
-        session.config.stash[_TMP_BEFORE] = set(os.listdir(_tmp()))
+        session.config.stash[_TMP_BEFORE] = set(os.listdir(tempfile.gettempdir()))
 
 
 def pytest_terminal_summary(terminalreporter, config):
@@ -155,17 +157,11 @@ def pytest_terminal_summary(terminalreporter, config):
     before = config.stash.get(_TMP_BEFORE, None)
     if before is None:
         return
-    left = sorted(name for name in set(os.listdir(_tmp())) - before if not name.startswith("pytest-of-"))
+    tmp = tempfile.gettempdir()
+    left = sorted(name for name in set(os.listdir(tmp)) - before if not name.startswith("pytest-of-"))
     if left:
-        terminalreporter.write_sep("=", f"left in {_tmp()} by this run (or by another process meanwhile)",
-                                   yellow=True)
+        terminalreporter.write_sep("=", f"left in {tmp} by this run (or by another process meanwhile)", yellow=True)
         terminalreporter.write_line(", ".join(left))
-
-
-def _tmp() -> str:
-    import tempfile
-
-    return tempfile.gettempdir()
 
 
 _TMP_BEFORE = pytest.StashKey[set]()
