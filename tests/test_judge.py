@@ -37,7 +37,7 @@ def test_cheat(class_graded, kind):
     for word in words:
         assert word in row["flags"], (word, row["flags"])
     if test is not None:
-        lost = {"test_broadcast": 1, "test_all_reduce": 2}
+        lost = {"test_broadcast": 1, "test_reduce": 2, "test_all_reduce": 2, "test_gather": 1, "test_all_gather": 2}
         tests = {CHEATS[k][2] for k in CHEATERS[student]} - {None}
         assert float(row["points"]) <= 13 - sum(lost[t] for t in tests), row
         assert f"{test} (" in row["reason"], row["reason"]
