@@ -1,6 +1,7 @@
 """The light install is enough: what `%pip install git+URL` of the student edition puts into a Colab or Kaggle
 kernel (the package without extras: labsupport and its lessons, matplotlib, cloudpickle, psutil, numpy) runs every
-release notebook and every demo of the edition from top to bottom, with only the edition's own packages importable.
+release notebook and every demo of the edition from top to bottom, with only the edition's own packages importable
+(the demos' one run in the suite: on this CPU they say what a GPU runtime would show, and draw their figures).
 
 One fresh virtual environment for the session, without this Python's site-packages: torch (a CPU build, the torch a
 runtime already has), then the course package built from this tree as pip builds it from a git address, then only
@@ -61,9 +62,11 @@ try:
     NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": sys.argv[2]}}).execute()
 except CellExecutionError as exc:
     error = str(exc)[-4000:]
-text = "".join(o.get("text", "") for c in nb.cells[1:] if c.cell_type == "code" for o in c.outputs)
+outputs = [o for c in nb.cells[1:] if c.cell_type == "code" for o in c.outputs]
+text = "".join(o.get("text", "") for o in outputs)
 found = [line[len("@@course "):] for line in text.splitlines() if line.startswith("@@course ")]
 print(json.dumps({"error": error, "seconds": time.monotonic() - start, "text": text[-20000:],
+                  "images": sum("image/png" in o.get("data", {}) for o in outputs),
                   "course": json.loads(found[-1]) if found else None}))
 """
 #: The last cell of a run: the language the notebook's messages ended in, and the exercises whose visible test found
@@ -254,9 +257,11 @@ def runs(light):
             shutil.copyfile(src, work / src.name)
         else:
             shutil.copytree(src.parent, work, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+        run_env = dict(env, PYTHONPATH=str(edition))
+        if path.parent.name == "demos":  # a runtime's own figures: matplotlib's inline backend, as the kernel sets it
+            run_env.pop("MPLBACKEND", None)
         proc = subprocess.run([str(python), "-c", DRIVER, str(work / src.name), str(work), _probe(edition)],
-                              env=dict(env, PYTHONPATH=str(edition)), cwd=work, capture_output=True, text=True,
-                              timeout=1700)
+                              env=run_env, cwd=work, capture_output=True, text=True, timeout=1700)
         if proc.returncode != 0:
             return proc.stdout[-3000:] + proc.stderr[-3000:]
         return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -272,8 +277,11 @@ def test_notebook_runs_with_the_light_install_alone(runs, path):
     result = runs[path.stem]
     assert isinstance(result, dict), result
     assert result["error"] is None, f"{path.name} stopped with the light install:\n{result['error']}"
-    if path.parent.name == "demos":
+    if path.parent.name == "demos":  # test_gpu_demos.py reads the demos; here they run, once for the suite
         assert "the workers run gloo on the CPU" in result["text"] or "GPU" in result["text"]
+        if "the workers run gloo on the CPU" in result["text"]:  # the plain statement of what a GPU would show
+            assert "CPU only:" in result["text"] and "On " in result["text"], result["text"][-3000:]
+        assert result["images"], f"{path.name}: no figure"
         assert result["course"]["language"] == "en", result["course"]
     else:  # the Chinese release, which went past its unwritten exercises as Run All does, to the end
         assert result["course"]["language"] == "zh", result["course"]
