@@ -28,11 +28,19 @@ def _script(tmp_path, body: str) -> str:
     return str(path)
 
 
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie has ended). One look: a process can end between two."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _wait_gone(pids, timeout=60.0):
     deadline = time.monotonic() + timeout
     alive = list(pids)
     while alive and time.monotonic() < deadline:
-        alive = [p for p in alive if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        alive = [p for p in alive if _alive(p)]
         time.sleep(0.1)
     return alive
 
@@ -160,28 +168,30 @@ def test_nothing_survives_a_killed_kernel(tmp_path):
     # this test's own temporary folder (short: the fork server's socket lives there): in the machine's, any other
     # process's pool that starts meanwhile removes the dead kernel's folder before the next kernel is asked to
     tmp = tempfile.mkdtemp(prefix="lk-")
-    env = dict(os.environ, TMPDIR=tmp)
-    proc = subprocess.Popen([sys.executable, script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)
     try:
-        line = proc.stdout.readline()
-        assert line.startswith("PIDS"), line + proc.stderr.read()
-        pids = [int(p) for p in line.split()[1:]]
-        assert len(pids) >= 4  # three workers, multiprocessing's fork server and its resource tracker
-        tmpdir = proc.stdout.readline().split(None, 1)[1].strip()
-        _wait_blocked(_workers_of(pids))  # every rank is in its recv
-        proc.kill()
-        assert proc.wait(timeout=10) == -signal.SIGKILL
-        assert _wait_gone(pids) == []
-        assert os.path.isdir(tmpdir)  # nobody could clean up...
+        env = dict(os.environ, TMPDIR=tmp)
+        proc = subprocess.Popen([sys.executable, script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=env)
+        try:
+            line = proc.stdout.readline()
+            assert line.startswith("PIDS"), line + proc.stderr.read()
+            pids = [int(p) for p in line.split()[1:]]
+            assert len(pids) >= 4  # three workers, multiprocessing's fork server and its resource tracker
+            tmpdir = proc.stdout.readline().split(None, 1)[1].strip()
+            _wait_blocked(_workers_of(pids))  # every rank is in its recv
+            proc.kill()
+            assert proc.wait(timeout=10) == -signal.SIGKILL
+            assert _wait_gone(pids) == []
+            assert os.path.isdir(tmpdir)  # nobody could clean up...
+        finally:
+            proc.kill()
+        # what the next kernel's pool does first when it starts (run() calls it; without torch, this takes a moment)
+        again = _script(tmp_path, "import shutil\nfrom labsupport import _pool\nshutil.rmtree(_pool._make_tmpdir())\n")
+        out = subprocess.run([sys.executable, again], capture_output=True, text=True, timeout=120, env=env)
+        assert out.returncode == 0, out.stderr
+        assert not os.path.exists(tmpdir)  # ...until the next kernel started its pool
     finally:
-        proc.kill()
-    # what the next kernel's pool does first when it starts (run() calls it; without torch, this takes a moment)
-    again = _script(tmp_path, "import shutil\nfrom labsupport import _pool\nshutil.rmtree(_pool._make_tmpdir())\n")
-    out = subprocess.run([sys.executable, again], capture_output=True, text=True, timeout=120, env=env)
-    assert out.returncode == 0, out.stderr
-    assert not os.path.exists(tmpdir)  # ...until the next kernel started its pool
-    shutil.rmtree(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_same_script_runs_under_torchrun(tmp_path):
