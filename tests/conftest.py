@@ -158,7 +158,9 @@ def pytest_terminal_summary(terminalreporter, config):
     if before is None:
         return
     tmp = tempfile.gettempdir()
-    own = f"labsupport-{os.getpid()}-"  # this process's own workers' folder (one process: -n 0), removed at its exit
+    from labsupport._pool import _TMP_PREFIX
+
+    own = f"{_TMP_PREFIX}{os.getpid()}-"  # this process's own workers' folder (one process: -n 0), removed at its exit
     left = sorted(name for name in set(os.listdir(tmp)) - before if not name.startswith(("pytest-of-", own)))
     if left:
         terminalreporter.write_sep("=", f"left in {tmp} by this run (or by another process meanwhile)", yellow=True)
