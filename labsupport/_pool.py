@@ -238,7 +238,8 @@ class _Pool:
             if self.workers.get(w.index) is w:
                 del self.workers[w.index]
 
-    def shutdown(self) -> None:
+    def stop_workers(self) -> None:
+        """Ask every worker to exit (each ends its sandbox), then kill those still there; the fork server stays."""
         for w in list(self.workers.values()):
             try:
                 w.conn.send_bytes(pickle.dumps(("exit",)))
@@ -247,6 +248,9 @@ class _Pool:
         for w in list(self.workers.values()):
             w.process.join(timeout=2)
         self.kill(list(self.workers.values()))
+
+    def shutdown(self) -> None:
+        self.stop_workers()
         self.store = None
         _stop_forkserver()
         if self.tmpdir:
