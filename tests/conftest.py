@@ -223,10 +223,13 @@ def settled_timeouts(monkeypatch):
 @pytest.fixture
 def grader_out_of_reach(monkeypatch):
     """As in grading: a sandbox cannot import the grader (this suite's ``LABSUPPORT_TEST_GRADER_IN_SANDBOX`` is
-    removed). A worker keeps its sandbox from call to call, so the workers start afresh before the test and after."""
-    import labsupport
+    removed). A worker keeps its sandbox (and the environment it started with) from call to call, so the workers
+    start afresh before the test and after; the fork server they come from stays (it never runs a sandbox)."""
+    from labsupport._pool import _POOL
 
     monkeypatch.delenv("LABSUPPORT_TEST_GRADER_IN_SANDBOX", raising=False)
-    labsupport.shutdown()
+    with _POOL.lock:
+        _POOL.stop_workers()
     yield
-    labsupport.shutdown()
+    with _POOL.lock:
+        _POOL.stop_workers()
