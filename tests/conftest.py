@@ -146,9 +146,34 @@ def pytest_cmdline_main(config):
         config.option.dist = "loadgroup"
 
 
+def pytest_configure(config):
+    """Split over pytest-xdist workers, the run's own process starts one fork server for the kernels the tests start
+    (``kernels_share_a_fork_server``); each worker keeps its address out of its own environment."""
+    global _KERNEL_FORK_SERVER
+    from labsupport._forkserver import SHARED_SERVER_ENV
+
+    if hasattr(config, "workerinput"):
+        _KERNEL_FORK_SERVER = os.environ.pop(SHARED_SERVER_ENV, None)
+    elif getattr(config.option, "numprocesses", None) and config.option.dist != "no" and \
+            "not slow" not in (config.option.markexpr or ""):  # (the quick loop starts no kernel)
+        from autograder.judge import SharedServer
+
+        server = SharedServer("course-test-kernels-")
+        server.__enter__()  # before the workers start: they inherit its address
+        config.stash[_KERNELS_SERVER] = server
+
+
 def pytest_sessionstart(session):
     if not hasattr(session.config, "workerinput"):  # the run's own process, not a pytest-xdist worker
         session.config.stash[_TMP_BEFORE] = set(os.listdir(tempfile.gettempdir()))
+
+
+def pytest_sessionfinish(session):
+    """The kernels' fork server stops with the run, before the summary lists what the run left in /tmp."""
+    server = session.config.stash.get(_KERNELS_SERVER, None)
+    if server is not None:
+        server.__exit__(None, None, None)
+        del session.config.stash[_KERNELS_SERVER]
 
 
 def pytest_terminal_summary(terminalreporter, config):
@@ -168,6 +193,28 @@ def pytest_terminal_summary(terminalreporter, config):
 
 
 _TMP_BEFORE = pytest.StashKey[set]()
+_KERNELS_SERVER = pytest.StashKey[object]()
+#: in a pytest-xdist worker: ``LABSUPPORT_FORK_SERVER`` of the run's fork server for kernels (None: there is none)
+_KERNEL_FORK_SERVER = None
+
+
+@pytest.fixture
+def kernels_share_a_fork_server(monkeypatch):
+    """The kernels this test starts share the run's fork server (``LABSUPPORT_FORK_SERVER``), as the kernels of a
+    grading run share the grader's: none of them imports torch and torch._dynamo into a server of its own, which
+    costs seconds of CPU per kernel, most of them for kernels that never start a worker. For tests whose kernels use
+    this checkout's labsupport and whose own process starts no worker meanwhile (it would adopt the server too, and
+    its workers would no longer be its children): checked after the test. Run in one process (``-n 0``), there is
+    no such server and each kernel starts its own."""
+    from multiprocessing import forkserver
+
+    from labsupport._forkserver import SHARED_SERVER_ENV
+
+    if _KERNEL_FORK_SERVER:
+        monkeypatch.setenv(SHARED_SERVER_ENV, _KERNEL_FORK_SERVER)
+    yield
+    assert not getattr(forkserver._forkserver, "_labsupport_shared", False), \
+        "the test's own process forked workers from the kernels' fork server"
 
 
 @pytest.fixture(autouse=True)

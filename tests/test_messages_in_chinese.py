@@ -126,6 +126,7 @@ def _validate(tmp_path, lang):
     return printed, error(nb.cells[4]), error(nb.cells[6])
 
 
+@pytest.mark.usefixtures("kernels_share_a_fork_server")
 @pytest.mark.slow
 @pytest.mark.parametrize("lang", ["zh", None])
 def test_visible_tests_and_validate_s_checklist_in_the_notebook_s_language(tmp_path, monkeypatch, lang):

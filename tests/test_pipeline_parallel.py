@@ -145,6 +145,7 @@ RECEIVE = ("x = torch.empty_like(microbatches[mb])\n                dist.recv(x,
            "                x.requires_grad_()")
 
 
+@pytest.mark.usefixtures("kernels_share_a_fork_server")
 @pytest.mark.slow
 @pytest.mark.parametrize("reused", [
     # one buffer, a new leaf of it for every micro-batch: 1F1B on 2 ranks hides it (stage 1 runs each backward
@@ -164,6 +165,7 @@ def test_the_visible_test_catches_a_reused_receive_buffer(reused):
         assert "A buffer received into for every micro-batch is overwritten" in error, error
 
 
+@pytest.mark.usefixtures("kernels_share_a_fork_server")
 @pytest.mark.slow
 def test_the_visible_test_of_run_pipeline_passes_on_the_solution():
     assert _visible_test_error("run_pipeline", _solution("run_pipeline")) == ""

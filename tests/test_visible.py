@@ -12,6 +12,9 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 REPO = Path(__file__).resolve().parent.parent
+#: the kernels here fork their workers (when they start any) from the run's shared fork server (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("kernels_share_a_fork_server")
+
 SETUP = "import labsupport\nimport torch.distributed as dist\n%load_ext labsupport"
 
 

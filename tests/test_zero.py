@@ -134,6 +134,7 @@ GREEDY = """        self.owner = {}
 ROUND_ROBIN = "        self.owner = {p: i % self.world_size for i, p in enumerate(self.params)}\n"
 
 
+@pytest.mark.usefixtures("kernels_share_a_fork_server")
 @pytest.mark.slow
 def test_the_visible_test_names_round_robin_owners_unbalanced():
     """Owners dealt out in turn: AdamW's weights are still right (the first case passes), the shares are not."""
@@ -143,6 +144,7 @@ def test_the_visible_test_names_round_robin_owners_unbalanced():
     assert "rank 0 owns 256 of the 288 elements" in error and "the owners are unbalanced" in error, error
 
 
+@pytest.mark.usefixtures("kernels_share_a_fork_server")
 @pytest.mark.slow
 def test_the_visible_test_of_ShardedOptimizer_passes_on_the_solution():
     assert _visible_test_error("ShardedOptimizer", _cells("ShardedOptimizer")) == ""
