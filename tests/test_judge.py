@@ -18,11 +18,12 @@ from autograder.stand_ins import _plain  # noqa: E402
 REPO = demo.REPO
 
 
-@pytest.mark.parametrize("student", ["honest", "habits"])
-def test_honest_submission_full_marks_no_flag(class_graded, student):
-    """``habits``: prints to stderr, a traceback printed in an ``except``, ``warnings.warn``, ``sys``/``os``/
-    ``inspect``/``itertools``/``typing`` imports, an ``lru_cache`` helper and a class: graded as they run."""
-    row = class_graded.grades[(student, AID)]
+def test_honest_submission_full_marks_no_flag(class_graded):
+    """``habits``: the solution's answers handed in as a student would, and ``all_reduce`` with prints to stderr, a
+    traceback printed in an ``except``, ``warnings.warn``, ``sys``/``os``/``inspect``/``itertools``/``typing``
+    imports, an ``lru_cache`` helper and a class: graded as they run. (The solution's own ``all_reduce`` gets the
+    same in ``test_course_notebooks.py::test_solution_gets_full_marks``.)"""
+    row = class_graded.grades[("habits", AID)]
     assert (row["points"], row["max_points"], row["status"], row["flags"]) == ("13", "13", "ok", ""), row
 
 
