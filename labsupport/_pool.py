@@ -279,6 +279,12 @@ def shutdown() -> None:
 atexit.register(shutdown)
 
 
+def stop_workers() -> None:
+    """Stop the idle workers (and their sandboxes) but keep the fork server: the next ``run`` forks new ones."""
+    with _POOL.lock:
+        _POOL.stop_workers()
+
+
 def _start_fork_server() -> None:
     try:
         with _POOL.lock, _NoMainImport():

@@ -272,11 +272,9 @@ def grader_out_of_reach(monkeypatch):
     """As in grading: a sandbox cannot import the grader (this suite's ``LABSUPPORT_TEST_GRADER_IN_SANDBOX`` is
     removed). A worker keeps its sandbox (and the environment it started with) from call to call, so the workers
     start afresh before the test and after; the fork server they come from stays (it never runs a sandbox)."""
-    from labsupport._pool import _POOL
+    from labsupport._pool import stop_workers
 
     monkeypatch.delenv("LABSUPPORT_TEST_GRADER_IN_SANDBOX", raising=False)
-    with _POOL.lock:
-        _POOL.stop_workers()
+    stop_workers()
     yield
-    with _POOL.lock:
-        _POOL.stop_workers()
+    stop_workers()
