@@ -156,11 +156,12 @@ def pytest_configure(config):
         _KERNEL_FORK_SERVER = os.environ.pop(SHARED_SERVER_ENV, None)
     elif getattr(config.option, "numprocesses", None) and config.option.dist != "no" and \
             "not slow" not in (config.option.markexpr or ""):  # (the quick loop starts no kernel)
+        from contextlib import ExitStack
+
         from autograder.judge import SharedServer
 
-        server = SharedServer("course-test-kernels-")
-        server.__enter__()  # before the workers start: they inherit its address
-        config.stash[_KERNELS_SERVER] = server
+        config.stash[_KERNELS_SERVER] = stack = ExitStack()
+        stack.enter_context(SharedServer("course-test-kernels-"))  # before the workers start: they inherit it
 
 
 def pytest_sessionstart(session):
@@ -170,10 +171,9 @@ def pytest_sessionstart(session):
 
 def pytest_sessionfinish(session):
     """The kernels' fork server stops with the run, before the summary lists what the run left in /tmp."""
-    server = session.config.stash.get(_KERNELS_SERVER, None)
-    if server is not None:
-        server.__exit__(None, None, None)
-        del session.config.stash[_KERNELS_SERVER]
+    stack = session.config.stash.get(_KERNELS_SERVER, None)
+    if stack is not None:
+        stack.close()
 
 
 def pytest_terminal_summary(terminalreporter, config):
@@ -193,7 +193,7 @@ def pytest_terminal_summary(terminalreporter, config):
 
 
 _TMP_BEFORE = pytest.StashKey[set]()
-_KERNELS_SERVER = pytest.StashKey[object]()
+_KERNELS_SERVER = pytest.StashKey[object]()  # an ExitStack holding the server
 #: in a pytest-xdist worker: ``LABSUPPORT_FORK_SERVER`` of the run's fork server for kernels (None: there is none)
 _KERNEL_FORK_SERVER = None
 
