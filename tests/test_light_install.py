@@ -238,16 +238,45 @@ def _in_edition(edition: Path, path: Path) -> Path:
         path.name if path.parent.name == "demos" else f"{path.stem}/{path.name}")
 
 
+#: A fork server of the light install, started from the Chinese edition and shared by its release notebooks'
+#: kernels (``LABSUPPORT_FORK_SERVER``, as a grading run's kernels share the grader's); it ends when its input does.
+HOLD_SERVER = """
+import sys
+from labsupport import _forkserver
+print(_forkserver.start_shared_server(sys.argv[1]), flush=True)
+sys.stdin.read()
+_forkserver._stop_forkserver()
+"""
+
+
 @pytest.fixture(scope="module")
 def runs(light):
     """{notebook stem: what the driver printed, or the reason it failed}: every release notebook of the Chinese
-    edition and every demo of the English one, run two at a time, each in a copy of its folder."""
+    edition and every demo of the English one, run two at a time, each in a copy of its folder.
+
+    The release notebooks' kernels share one fork server, started with the light install's Python from the Chinese
+    edition: each would otherwise import torch and torch._dynamo into a server of its own, a few seconds of CPU
+    each. The demos' kernels start their own, as a kernel on a runtime does."""
     python = light.python or Path(sys.executable)
     if light.python is not None:
         env = dict(light.env)
     else:  # this Python, as a student's own environment with the lab extras would run them
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LABSUPPORT", "NBGRADER"))}
         env.update(MPLBACKEND="Agg")
+    folder = Path(tempfile.mkdtemp(prefix="srv-", dir=light.root))
+    holder = subprocess.Popen([str(python), "-c", HOLD_SERVER, str(folder)], env=dict(env, PYTHONPATH=str(
+        light.edition_zh)), cwd=folder, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        server = holder.stdout.readline().strip()
+        assert server, "the light install's shared fork server did not start"
+        return _run_all(light, python, env, server)
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+        holder.stdout.close()
+
+
+def _run_all(light, python: Path, env: dict, server: str) -> dict:
     def run(path: Path):
         edition = light.edition if path.parent.name == "demos" else light.edition_zh
         src = _in_edition(edition, path)
@@ -260,6 +289,8 @@ def runs(light):
         run_env = dict(env, PYTHONPATH=str(edition))
         if path.parent.name == "demos":  # a runtime's own figures: matplotlib's inline backend, as the kernel sets it
             run_env.pop("MPLBACKEND", None)
+        else:
+            run_env["LABSUPPORT_FORK_SERVER"] = server
         proc = subprocess.run([str(python), "-c", DRIVER, str(work / src.name), str(work), _probe(edition)],
                               env=run_env, cwd=work, capture_output=True, text=True, timeout=1700)
         if proc.returncode != 0:
