@@ -259,6 +259,10 @@ class Judge:
         shutil.rmtree(self.cwd, ignore_errors=True)
 
 
+#: set to 1 by a caller of a grading command whose ``LABSUPPORT_FORK_SERVER`` is a ``SharedServer`` it started
+INHERIT_ENV = "AUTOGRADER_INHERIT_FORK_SERVER"
+
+
 class SharedServer:
     """A fork server for the kernels and judges started by this process and the processes it forks
     (``LABSUPPORT_FORK_SERVER``), in a folder of its own, stopped and removed on exit; judges are forked from it.
@@ -268,6 +272,11 @@ class SharedServer:
     the kernel or the judge that asked for it, and a judge gets its submission from the grader). When it cannot
     start, everyone starts a server of their own, as before. A process that already runs a fork server of its own
     (it used labsupport itself) shares that one and leaves it running.
+
+    A server named by the caller's ``LABSUPPORT_FORK_SERVER`` is not used: the judges are forked from this server,
+    which must be one that never ran a submission's code. The one exception is a caller that vouches for its own
+    server with ``AUTOGRADER_INHERIT_FORK_SERVER=1`` (``INHERIT_ENV``): a program that started that server with a
+    ``SharedServer`` and runs many grading commands (a test suite), each of which would import torch again.
     """
 
     def __init__(self, prefix: str):
@@ -280,6 +289,8 @@ class SharedServer:
         from labsupport import _forkserver
 
         self.folder, self.saved = None, os.environ.get(_forkserver.SHARED_SERVER_ENV)
+        if self.saved and os.environ.get(INHERIT_ENV) == "1" and _forkserver._shared_server() is not None:
+            return self  # the caller's own server, which it vouches for (see above)
         own = forkserver._forkserver
         if own._forkserver_pid is not None and not getattr(own, "_labsupport_shared", False):
             # this process already runs a fork server (it used labsupport itself): share that one and leave it be

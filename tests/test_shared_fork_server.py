@@ -186,3 +186,39 @@ def test_an_interrupt_while_the_server_starts_leaves_no_traceback():
 
         shutil.rmtree(folder, ignore_errors=True)
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+
+
+GRADER = """
+import json, os
+from autograder.judge import SharedServer
+with SharedServer("inherit-test-"):
+    inside = os.environ.get("LABSUPPORT_FORK_SERVER")
+print(json.dumps({"inside": inside, "after": os.environ.get("LABSUPPORT_FORK_SERVER")}))
+"""
+
+
+def _grader(value: str, **extra) -> dict:
+    import json
+
+    proc = subprocess.run([sys.executable, "-c", GRADER], capture_output=True, text=True, timeout=240, cwd=REPO,
+                          env=_env(LABSUPPORT_FORK_SERVER=value, **extra))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_grader_forks_its_judges_from_an_inherited_server_only_when_its_caller_vouches_for_it(shared_server):
+    """``autograder.judge.SharedServer`` (a grading command's): the server its caller started and vouches for
+    (``AUTOGRADER_INHERIT_FORK_SERVER=1``, as this suite's grading commands get it) is the one it shares."""
+    owner, value, folder = shared_server
+    assert _grader(value, AUTOGRADER_INHERIT_FORK_SERVER="1") == {"inside": value, "after": value}
+
+
+@pytest.mark.slow
+def test_a_grader_starts_its_own_server_rather_than_one_it_was_merely_given(shared_server, tmp_path):
+    """Without the caller's word, or where the named server is gone, a grading command starts a server of its own
+    for its judges (then gives its caller's value back)."""
+    owner, value, folder = shared_server
+    for given, extra in ((value, {}), (f"999999999:{tmp_path / 'nothing'}", {"AUTOGRADER_INHERIT_FORK_SERVER": "1"})):
+        out = _grader(given, **extra)
+        assert out["after"] == given, out
+        assert out["inside"] and out["inside"] != given and "inherit-test-" in out["inside"], (given, extra, out)
