@@ -198,6 +198,23 @@ _KERNELS_SERVER = pytest.StashKey[object]()  # an ExitStack holding the server
 _KERNEL_FORK_SERVER = None
 
 
+def _graders_env() -> dict:
+    from autograder.judge import INHERIT_ENV
+    from labsupport._forkserver import SHARED_SERVER_ENV
+
+    return {SHARED_SERVER_ENV: _KERNEL_FORK_SERVER, INHERIT_ENV: "1"} if _KERNEL_FORK_SERVER else {}
+
+
+@pytest.fixture
+def graders_env():
+    """The environment for grading commands (``demo.cli(..., env=graders_env)``) that fork their kernels' workers
+    and their judges from the run's fork server for kernels, which this run started and vouches for
+    (``autograder.judge.INHERIT_ENV``), instead of importing torch and torch._dynamo into a server of their own. For
+    tests that do not look at the grader's own server, its processes or its temporary files. Empty where there is
+    no such server (``-n 0``)."""
+    return _graders_env()
+
+
 @pytest.fixture
 def kernels_share_a_fork_server(monkeypatch):
     """The kernels this test starts share the run's fork server (``LABSUPPORT_FORK_SERVER``), as the kernels of a
@@ -247,7 +264,8 @@ class DemoMix:
         self.outputs = {}
         for jobs in (1, 2):
             out = root / f"out{jobs}"
-            proc = demo.cli("grade", self.subs, "--jobs", jobs, "--out", out, "--course", demo.COURSE)
+            proc = demo.cli("grade", self.subs, "--jobs", jobs, "--out", out, "--course", demo.COURSE,
+                            env=_graders_env())
             assert proc.returncode == 0, proc.stdout + proc.stderr
             self.outputs[jobs] = out
 

@@ -154,7 +154,7 @@ def _copy_nb(tmp_path, nb, name="99_demo") -> Path:
     return folder / f"{name}.ipynb"
 
 
-def test_check_good_notebook(tmp_path):
+def test_check_good_notebook(tmp_path, graders_env):
     """All visible tests pass; the kernel runs in the notebook's folder with LABSUPPORT_GRADING=1."""
     nb = demo.good()
     nb.cells[demo.index(nb, "mean")].source = ("import os\nassert os.environ['LABSUPPORT_GRADING'] == '1'\n"
@@ -162,7 +162,7 @@ def test_check_good_notebook(tmp_path):
                                                + nb.cells[demo.index(nb, "mean")].source)
     path = _copy_nb(tmp_path, nb)
     (path.parent / "marker.txt").write_text("here")
-    proc = demo.cli("check", path)
+    proc = demo.cli("check", path, env=graders_env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Local estimate: 5 / 5" in proc.stdout
     assert "estimate" in proc.stdout and "hidden tests" in proc.stdout
@@ -170,28 +170,28 @@ def test_check_good_notebook(tmp_path):
         assert any(line.split()[:1] == [name] and "ok" in line for line in proc.stdout.splitlines()), name
 
 
-def test_check_untouched_release(tmp_path):
-    proc = demo.cli("check", _copy_nb(tmp_path, demo.release()))
+def test_check_untouched_release(tmp_path, graders_env):
+    proc = demo.cli("check", _copy_nb(tmp_path, demo.release()), env=graders_env)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Local estimate: 0 / 5" in proc.stdout
     assert proc.stdout.count("FAIL") == 3 and "NotImplementedError" in proc.stdout
 
 
-def test_check_shows_the_failing_visible_test(tmp_path):
+def test_check_shows_the_failing_visible_test(tmp_path, graders_env):
     nb = demo.good()
     nb.cells[demo.index(nb, "mean")].source = "def mean(xs):\n    return 0"
     nb.cells[demo.index(nb, "count_words")].source += "\nimport os\nos.kill(os.getpid(), 9)"
-    proc = demo.cli("check", _copy_nb(tmp_path, nb))
+    proc = demo.cli("check", _copy_nb(tmp_path, nb), env=graders_env)
     assert proc.returncode == 1
     assert "`test_mean_visible`: AssertionError: mean([1, 2]) should be 1.5" in proc.stdout, proc.stdout
     assert "kernel died while running `count_words`" in proc.stdout, proc.stdout
     assert "Local estimate: 1 / 5" in proc.stdout
 
 
-def test_check_names_the_answer_cells_own_error_first_and_every_other_problem(tmp_path):
+def test_check_names_the_answer_cells_own_error_first_and_every_other_problem(tmp_path, graders_env):
     nb = demo.good()
     nb.cells[demo.index(nb, "mean")].source = "def mean(xs)\n    return 0"   # a syntax error
-    proc = demo.cli("check", _copy_nb(tmp_path, nb))
+    proc = demo.cli("check", _copy_nb(tmp_path, nb), env=graders_env)
     assert proc.returncode == 1
     line = next(line for line in proc.stdout.splitlines() if line.split()[:1] == ["mean"])
     assert "FAIL" in line and "SyntaxError" in line, proc.stdout

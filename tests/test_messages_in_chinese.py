@@ -153,7 +153,7 @@ def test_visible_tests_and_validate_s_checklist_in_the_notebook_s_language(tmp_p
 
 @pytest.mark.slow
 @pytest.mark.parametrize("lang", ["zh", None])
-def test_check_s_report_in_the_notebook_s_language(tmp_path, monkeypatch, lang):
+def test_check_s_report_in_the_notebook_s_language(tmp_path, monkeypatch, lang, graders_env):
     """``python -m autograder check`` of an untouched notebook: Chinese when the notebook chooses Chinese."""
     import nbformat
 
@@ -168,7 +168,7 @@ def test_check_s_report_in_the_notebook_s_language(tmp_path, monkeypatch, lang):
     (tmp_path / demo.DEMO).mkdir()
     path = tmp_path / demo.DEMO / f"{demo.DEMO}.ipynb"
     nbformat.write(nb, path)
-    proc = demo.cli("check", path)
+    proc = demo.cli("check", path, env=graders_env)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     if lang == "zh":

@@ -30,13 +30,14 @@ def test_bad_shard(tmp_path, bad):
     assert proc.returncode == 2 and "--shard" in proc.stderr, proc.stderr
 
 
-def test_shards_merged_equal_one_run(tmp_path, demo_mix_graded):
+def test_shards_merged_equal_one_run(tmp_path, demo_mix_graded, graders_env):
     """Two shards of the demo's mixed class, merged, are its run with two jobs (``demo_mix_graded``)."""
     MIX = demo_mix_graded.MIX
     outs = []
     for k in (1, 2):
         out = tmp_path / f"shard{k}"
-        proc = demo.cli("grade", demo_mix_graded.subs, "--shard", f"{k}/2", "--out", out, "--course", demo.COURSE)
+        proc = demo.cli("grade", demo_mix_graded.subs, "--shard", f"{k}/2", "--out", out, "--course", demo.COURSE,
+                        env=graders_env)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         outs.append(out)
     whole = demo_mix_graded.outputs[2]
