@@ -146,6 +146,12 @@ def pytest_cmdline_main(config):
         config.option.dist = "loadgroup"
 
 
+def pytest_addoption(parser):
+    parser.addoption("--no-kernels-server", action="store_true",
+                     help="split over workers, start no fork server for the kernels (a run of a few tests that "
+                          "start none)")
+
+
 def pytest_configure(config):
     """Split over pytest-xdist workers, the run's own process starts one fork server for the kernels the tests start
     (``kernels_share_a_fork_server``); each worker keeps its address out of its own environment."""
@@ -155,7 +161,8 @@ def pytest_configure(config):
     if hasattr(config, "workerinput"):
         _KERNEL_FORK_SERVER = os.environ.pop(SHARED_SERVER_ENV, None)
     elif getattr(config.option, "numprocesses", None) and config.option.dist != "no" and \
-            "not slow" not in (config.option.markexpr or ""):  # (the quick loop starts no kernel)
+            "not slow" not in (config.option.markexpr or "") and \
+            not config.getoption("no_kernels_server"):  # (the quick loop starts no kernel)
         from contextlib import ExitStack
 
         from autograder.judge import SharedServer

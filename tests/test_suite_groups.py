@@ -24,7 +24,7 @@ def test_each_group_runs_on_one_worker():
     assert FILE_GROUPS["test_course_notebooks.py"] == FILE_GROUPS["test_judge.py"]
     assert "test_tap.py" not in FILE_GROUPS
     proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-p", "no:cacheprovider",
-                           "-v", "-k", "release_has_no_solution or no_notebook_in_git or judge_runs_honest or "
+                           "--no-kernels-server", "-v", "-k", "release_has_no_solution or no_notebook_in_git or judge_runs_honest or "
                            "judge_skips or values_from or test_tap", *files],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -61,8 +61,8 @@ def test_course_test_splits_over_two_processes_unless_told_otherwise():
     pytest.importorskip("xdist")
 
     def run(*args):
-        proc = subprocess.run(["bash", str(ROOT / "course"), "test", "-p", "no:cacheprovider", *args,
-                               "tests/test_tap.py", "-k", "needs_no_process_group"],
+        proc = subprocess.run(["bash", str(ROOT / "course"), "test", "-p", "no:cacheprovider", "--no-kernels-server",
+                               *args, "tests/test_tap.py", "-k", "needs_no_process_group"],
                               cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         return proc.stdout
