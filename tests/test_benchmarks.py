@@ -15,8 +15,8 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _run_script(name: str, *args: str, timeout: float = 120) -> str:
-    env = dict(os.environ)
+def _run_script(name: str, *args: str, timeout: float = 120, env: dict | None = None) -> str:
+    env = dict(os.environ, **(env or {}))
     env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.pop("LABSUPPORT_GRADING", None)
     start = time.monotonic()
@@ -69,11 +69,12 @@ def test_ddp_benchmark_buckets_are_the_notebooks():
 
 
 @pytest.mark.slow
-def test_grading_benchmark_rounds_on_the_demo_course():
+def test_grading_benchmark_rounds_on_the_demo_course(graders_env):
     """Two rounds of serial and parallel grading of the small demo course: each run, the median speed-up with the
-    ratio of each round, and the bound a serial run's own use of the cores sets."""
+    ratio of each round, and the bound a serial run's own use of the cores sets. (What it prints, not its numbers:
+    its grading commands share the run's fork server, as ``graders_env`` says.)"""
     out = _run_script("grading.py", "--course", "tests/fixtures/course", "--assignment", "99_demo", "-n", "1",
-                      "--rounds", "2", "--no-ceiling", timeout=300)
+                      "--rounds", "2", "--no-ceiling", timeout=300, env=graders_env)
     runs = re.findall(r"^  --jobs (\d+): +[\d.]+ s", out, flags=re.M)
     assert runs == ["1", "2", "1", "2"], out
     assert re.search(r"speed-up with --jobs 2: [\d.]+x \(rounds: [\d.]+x, [\d.]+x\)", out), out
