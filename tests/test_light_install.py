@@ -272,7 +272,11 @@ def runs(light):
         return _run_all(light, python, env, server)
     finally:
         holder.stdin.close()
-        holder.wait(timeout=60)
+        try:
+            holder.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # never left running: the server ends with it
+            holder.kill()
+            holder.wait()
         holder.stdout.close()
 
 
